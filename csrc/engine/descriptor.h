@@ -1,0 +1,80 @@
+// What a rank says it is calling. Every rank publishes its descriptor when it enters a collective and
+// stamps a hash of it on every fragment it sends, so ranks that called differently are detected
+// (CollectiveMismatchError) instead of exchanging garbage or waiting forever.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/types.h"
+
+namespace pycoll {
+
+// Codes shared with Python through the _C module (COLLECTIVES / ALGORITHMS); append, never reorder.
+inline const char* const kCollectiveNames[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination"};
+constexpr int kNumCollectives = 5;
+constexpr int kNumAlgorithms = 4;
+
+struct Descriptor {
+  int32_t collective = 0;
+  int32_t algorithm = 0;
+  int32_t dtype = 0;
+  int32_t op = 0;
+  int64_t count = 0;  // elements per rank as the caller gave them
+  int32_t root = 0;
+  int32_t codec = 0;  // 0: none
+
+  uint64_t hash() const {
+    // FNV-1a over the fields; any difference between ranks changes it.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+      for (int i = 0; i < 8; ++i) {
+        h ^= (v >> (8 * i)) & 0xffu;
+        h *= 1099511628211ull;
+      }
+    };
+    mix(uint64_t(uint32_t(collective)));
+    mix(uint64_t(uint32_t(algorithm)));
+    mix(uint64_t(uint32_t(dtype)));
+    mix(uint64_t(uint32_t(op)));
+    mix(uint64_t(count));
+    mix(uint64_t(uint32_t(root)));
+    mix(uint64_t(uint32_t(codec)));
+    return h;
+  }
+};
+
+inline std::string code_name(const char* const* names, int n, int32_t code) {
+  return (code >= 0 && code < n) ? names[code] : ("#" + std::to_string(code));
+}
+
+// "allreduce(count=1000, dtype=float32, op=sum, algorithm=ring)"
+inline std::string describe(const Descriptor& d) {
+  std::string s = code_name(kCollectiveNames, kNumCollectives, d.collective) + "(count=" + std::to_string(d.count) +
+                  ", dtype=" + dtype_name(DType(d.dtype)) + ", op=" + redop_name(RedOp(d.op)) +
+                  ", algorithm=" + code_name(kAlgorithmNames, kNumAlgorithms, d.algorithm);
+  if (d.collective == 3) s += ", root=" + std::to_string(d.root);
+  if (d.codec) s += ", codec=" + std::to_string(d.codec);
+  return s + ")";
+}
+
+// The fields in which two descriptors differ, e.g. "count, dtype".
+inline std::string differences(const Descriptor& a, const Descriptor& b) {
+  std::string s;
+  auto add = [&s](bool differ, const char* name) {
+    if (!differ) return;
+    if (!s.empty()) s += ", ";
+    s += name;
+  };
+  add(a.collective != b.collective, "collective");
+  add(a.count != b.count, "count");
+  add(a.dtype != b.dtype, "dtype");
+  add(a.op != b.op, "op");
+  add(a.algorithm != b.algorithm, "algorithm");
+  add(a.root != b.root, "root");
+  add(a.codec != b.codec, "codec");
+  return s;
+}
+
+}  // namespace pycoll

@@ -1,0 +1,225 @@
+#include "engine/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace pycoll {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+int64_t ns_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+void Executor::run(const NativePlan& plan, const RunArgs& args) {
+  uint64_t seq = ++seq_;
+  t_.begin_collective(seq, args.desc);  // throws the original error if the communicator was aborted
+  try {
+    run_steps(plan, args);
+  } catch (const Error& e) {
+    t_.abort(e);
+    throw;
+  }
+}
+
+void Executor::raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds) {
+  std::vector<int> missing = t_.ranks_not_entered(seq_);
+  std::string msg = describe(args.desc) + " (collective #" + std::to_string(seq_) + ") timed out on rank " +
+                    std::to_string(t_.rank()) + " after " + std::to_string(seconds) + " s: ";
+  if (!missing.empty()) {
+    msg += "rank(s) " + join_ranks(missing) + " have not entered it";
+    if (waiting_on_peer >= 0) msg += "; this rank was waiting for rank " + std::to_string(waiting_on_peer);
+  } else if (waiting_on_peer >= 0) {
+    msg += "every rank entered it, but rank " + std::to_string(waiting_on_peer) +
+           " was not heard from (it may be stuck or far slower)";
+  } else {
+    msg += "every rank entered it";
+  }
+  msg += ". Raise the timeout with timeout= or PYCOLL_TIMEOUT if the job is only slow.";
+  throw Error(ErrorKind::kTimeout, msg, waiting_on_peer);
+}
+
+void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
+  const size_t isz = dtype_size(a.dtype);
+  const cpu::ReduceFn reduce = cpu::reduce_fn(a.dtype, a.op);
+  const int avg_divisor = a.op == RedOp::kAvg ? t_.world() : 0;
+  const uint64_t hash = a.desc.hash();
+  const uint64_t seq = seq_;
+  const size_t frag_bytes = t_.fragment_bytes();
+  uint8_t* const in = const_cast<uint8_t*>(static_cast<const uint8_t*>(a.input));
+  uint8_t* const out = static_cast<uint8_t*>(a.output);
+  auto buffer = [&](int32_t id) { return id == kInput ? in : out; };
+
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + std::chrono::nanoseconds(a.timeout_ns);
+
+  const size_t n_ops = plan.ops.size();
+  std::vector<uint64_t> pos(n_ops, 0);  // bytes done (sent for SEND, received for the others)
+  std::vector<uint8_t> done(n_ops, 0);
+
+  WaitContext ctx{seq, &a.desc, -1};
+  uint32_t spins = 0;
+  bool slept = false;  // whether the current wait already went to sleep
+  int64_t slice = policy_.first_slice_ns;
+  Clock::time_point last_progress = start;
+
+  // Sends one fragment at a time of a pure SEND, as long as the transport has room.
+  auto pump_send = [&](size_t i) {
+    const PlanOp& op = plan.ops[i];
+    bool progressed = false;
+    while (!done[i]) {
+      void* room = t_.acquire_send(op.send_peer);
+      if (!room) {
+        ctx.waiting_on_peer = op.send_peer;
+        break;
+      }
+      uint64_t n = std::min<uint64_t>(frag_bytes, op.bytes - pos[i]);
+      std::memcpy(room, buffer(op.src_buf) + op.src_off + pos[i], n);
+      t_.commit_send(op.send_peer, FragHeader{seq, hash, op.bytes, pos[i], static_cast<uint32_t>(n), 0});
+      pos[i] += n;
+      done[i] = pos[i] == op.bytes;
+      progressed = true;
+    }
+    return progressed;
+  };
+
+  // Consumes the fragments of a receiving op that have arrived (forwarding them if it also sends).
+  auto pump_recv = [&](size_t i) {
+    const PlanOp& op = plan.ops[i];
+    const bool sends = op_sends(op.kind);
+    const int divisor = op.finalize ? avg_divisor : 0;
+    bool progressed = false;
+    while (!done[i]) {
+      FragHeader h;
+      const uint8_t* frag = static_cast<const uint8_t*>(t_.peek_recv(op.recv_peer, &h));
+      if (!frag) {
+        ctx.waiting_on_peer = op.recv_peer;
+        break;
+      }
+      if (h.seq != seq || h.desc_hash != hash || h.msg_bytes != op.bytes || h.offset != pos[i] ||
+          h.bytes > op.bytes - pos[i] || h.bytes % isz != 0)
+        t_.raise_header_mismatch(op.recv_peer, h, seq, a.desc, op.bytes);
+      void* room = nullptr;
+      if (sends) {
+        room = t_.acquire_send(op.send_peer);
+        if (!room) {
+          ctx.waiting_on_peer = op.send_peer;
+          break;
+        }
+      }
+      const uint64_t n = h.bytes;
+      uint8_t* dst = buffer(op.dst_buf) + op.dst_off + pos[i];
+      const uint8_t* src = buffer(op.src_buf) + op.src_off + pos[i];
+      switch (op.kind) {
+        case OpKind::kRecv:
+          std::memcpy(dst, frag, n);
+          break;
+        case OpKind::kRecvReduce:
+          reduce(dst, nullptr, src, frag, n / isz, divisor);
+          break;
+        case OpKind::kRecvReduceSend:
+          reduce(room, nullptr, src, frag, n / isz, divisor);
+          break;
+        case OpKind::kRecvReduceCopySend:
+          reduce(dst, room, src, frag, n / isz, divisor);
+          break;
+        case OpKind::kRecvCopySend:
+          std::memcpy(dst, frag, n);
+          std::memcpy(room, frag, n);
+          break;
+        default:
+          throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");
+      }
+      if (sends) t_.commit_send(op.send_peer, FragHeader{seq, hash, op.bytes, pos[i], static_cast<uint32_t>(n), 0});
+      t_.release_recv(op.recv_peer);
+      pos[i] += n;
+      done[i] = pos[i] == op.bytes;
+      progressed = true;
+    }
+    return progressed;
+  };
+
+  const size_t n_steps = plan.step_begin.empty() ? 0 : plan.step_begin.size() - 1;
+  for (size_t s = 0; s < n_steps; ++s) {
+    const size_t b = plan.step_begin[s], e = plan.step_begin[s + 1];
+    size_t next_recv = b;  // receiving ops (and COPY) complete in list order
+    for (;;) {
+      const uint32_t token = t_.progress_token();
+      bool progressed = false;
+      bool sends_done = true;
+      for (size_t i = b; i < e; ++i) {
+        const PlanOp& op = plan.ops[i];
+        if (op.kind != OpKind::kSend || done[i]) continue;
+        if (op.prev_send_same_peer < 0 || done[op.prev_send_same_peer]) progressed |= pump_send(i);
+        sends_done &= done[i] != 0;
+      }
+      while (next_recv < e) {
+        const PlanOp& op = plan.ops[next_recv];
+        if (op.kind == OpKind::kSend) {
+          ++next_recv;
+          continue;
+        }
+        if (op.kind == OpKind::kCopy) {
+          uint8_t* dst = buffer(op.dst_buf) + op.dst_off;
+          const uint8_t* src = buffer(op.src_buf) + op.src_off;
+          if (dst != src && op.bytes) std::memmove(dst, src, op.bytes);
+          done[next_recv++] = 1;
+          progressed = true;
+          continue;
+        }
+        // A fused op's output must queue behind earlier messages of this step to the same peer.
+        if (op_sends(op.kind) && op.prev_send_same_peer >= 0 && !done[op.prev_send_same_peer]) break;
+        progressed |= pump_recv(next_recv);
+        if (!done[next_recv]) break;
+        ++next_recv;
+      }
+      if (sends_done && next_recv == e) break;
+
+      const Clock::time_point now = Clock::now();
+      if (progressed) {
+        if (spins > 0 && !slept) spin_budget_ = std::min(policy_.spin_polls, spin_budget_ * 2 + 64);
+        spins = 0;
+        slept = false;
+        slice = policy_.first_slice_ns;
+        last_progress = now;
+        continue;
+      }
+      if (spins < spin_budget_) {
+        ++spins;
+        cpu_relax();
+        continue;
+      }
+      if (!slept && spins > 0) spin_budget_ /= 2;  // spinning did not pay off this time
+      slept = true;
+      if (now >= deadline) raise_timeout(a, ctx.waiting_on_peer, ns_between(start, now) * 1e-9);
+      if (ns_between(last_progress, now) >= slice) {
+        // Nothing happened for a whole slice: look for dead peers, mismatches and aborts.
+        t_.check_health(ctx);
+        last_progress = now;
+        slice = std::min(slice * 2, policy_.max_slice_ns);
+      }
+      t_.wait_progress(token, std::min<int64_t>(slice, ns_between(now, deadline)));
+    }
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,56 @@
+// Runs one rank's plan over a transport: posts sends and receives step by step (full duplex within a
+// step), calls the reduce kernels on fragments in place, and waits without burning a core. Every wait
+// has a deadline; errors abort the communicator so that every rank raises, none hangs.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/reduce.h"
+#include "engine/descriptor.h"
+#include "engine/plan.h"
+#include "transport/transport.h"
+
+namespace pycoll {
+
+struct WaitPolicy {
+  // Most polls of the transport before sleeping. Worth it only when every rank has a core of its own;
+  // with more ranks than cores a spinning rank steals the core its peer needs (the communicator sets 0
+  // then). The executor adapts below this: a spin that ends in sleep anyway halves the next one, so a
+  // loaded machine stops spinning by itself.
+  uint32_t spin_polls = 0;
+  // First sleep slice; it doubles up to max_slice_ns. Health checks (dead peers, published mismatches,
+  // aborts) run after each slice that passed without progress.
+  int64_t first_slice_ns = 2'000'000;
+  int64_t max_slice_ns = 50'000'000;
+};
+
+struct RunArgs {
+  const void* input;
+  void* output;
+  DType dtype;
+  RedOp op;
+  Descriptor desc;
+  int64_t timeout_ns;  // for the whole collective
+};
+
+class Executor {
+ public:
+  Executor(Transport& transport, const WaitPolicy& policy)
+      : t_(transport), policy_(policy), spin_budget_(policy.spin_polls) {}
+
+  // Runs `plan` as collective number seq()+1. Throws pycoll::Error; on any error the communicator is
+  // aborted first, so the other ranks raise too.
+  void run(const NativePlan& plan, const RunArgs& args);
+  uint64_t seq() const { return seq_; }
+
+ private:
+  void run_steps(const NativePlan& plan, const RunArgs& args);
+  [[noreturn]] void raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds);
+
+  Transport& t_;
+  WaitPolicy policy_;
+  uint32_t spin_budget_ = 0;  // adaptive, <= policy_.spin_polls
+  uint64_t seq_ = 0;
+};
+
+}  // namespace pycoll

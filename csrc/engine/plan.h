@@ -1,0 +1,52 @@
+// A plan as the executor runs it: the op table of pycoll/algorithms/plan.py (same op codes and
+// semantics; read that file's docstring) with element offsets turned into byte offsets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pycoll {
+
+enum class OpKind : int32_t {
+  kSend = 0,
+  kRecv = 1,
+  kRecvReduce = 2,
+  kRecvReduceSend = 3,
+  kRecvReduceCopySend = 4,
+  kRecvCopySend = 5,
+  kCopy = 6,
+};
+
+inline bool op_sends(OpKind k) {
+  return k == OpKind::kSend || k == OpKind::kRecvReduceSend || k == OpKind::kRecvReduceCopySend ||
+         k == OpKind::kRecvCopySend;
+}
+inline bool op_receives(OpKind k) {
+  return k != OpKind::kSend && k != OpKind::kCopy;
+}
+
+enum BufferId : int32_t { kInput = 0, kOutput = 1 };
+
+struct PlanOp {
+  OpKind kind;
+  int32_t send_peer;
+  int32_t recv_peer;
+  int32_t src_buf;
+  int32_t dst_buf;
+  bool finalize;
+  uint64_t bytes;
+  uint64_t src_off;             // bytes
+  uint64_t dst_off;             // bytes
+  int32_t prev_send_same_peer;  // index (within the plan) of the previous op of this step sending to send_peer, or -1
+};
+
+struct NativePlan {
+  std::vector<PlanOp> ops;
+  std::vector<uint32_t> step_begin;  // ops of step s are [step_begin[s], step_begin[s+1])
+  uint64_t input_bytes = 0;
+  uint64_t output_bytes = 0;
+  int world = 0;
+  int rank = 0;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,390 @@
+#include "transport/shm.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "transport/futex.h"
+
+namespace pycoll {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x7079636f6c6c3031ull;  // "pycoll01"
+constexpr uint32_t kVersion = 1;
+constexpr int kDescRing = 8;  // descriptors of the last 8 collectives a rank entered
+constexpr size_t kFragHeaderBytes = 64;
+constexpr size_t kAbortMsgBytes = 2048;
+
+size_t round_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+
+int64_t pidfd_open(int pid) {
+  return syscall(SYS_pidfd_open, pid, 0);
+}
+
+}  // namespace
+
+struct alignas(64) DescSlot {
+  std::atomic<uint64_t> seq;  // 0 while being written
+  Descriptor desc;
+};
+
+struct ShmTransport::ControlBlock {
+  // Written once at creation.
+  uint64_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t world;
+  int32_t pid;
+  uint64_t slot_bytes;
+  uint32_t slots;
+  // Bumped by every peer that gives this rank something to do; the owner sleeps on it.
+  alignas(64) std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> sleepers;
+  // The last collective this rank entered (0: none yet).
+  alignas(64) std::atomic<uint64_t> entered_seq;
+  DescSlot descs[kDescRing];
+  // Abort record: 0 none, 1 being written, 2 readable.
+  alignas(64) std::atomic<uint32_t> abort_state;
+  int32_t abort_kind;
+  int32_t abort_peer;
+  char abort_msg[kAbortMsgBytes];
+};
+
+struct ShmTransport::Channel {
+  alignas(64) std::atomic<uint64_t> head;  // fragments committed by the owner
+  alignas(64) std::atomic<uint64_t> tail;  // fragments released by the peer
+};
+
+ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_(rank), world_(world), config_(config) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw Error(ErrorKind::kInvalidUsage,
+                "rank " + std::to_string(rank) + " out of range for world size " + std::to_string(world));
+  if (config.slots < 2 || config.slot_bytes < 4096 || config.slot_bytes % 64 != 0)
+    throw Error(ErrorKind::kInvalidUsage,
+                "shared-memory slots must be >= 2 and slot_bytes a multiple of 64 "
+                ">= 4096, got slots=" +
+                    std::to_string(config.slots) + " slot_bytes=" + std::to_string(config.slot_bytes));
+  channel_stride_ = round_up(sizeof(Channel), 64) + config.slots * (kFragHeaderBytes + config.slot_bytes);
+  size_t control = round_up(sizeof(ControlBlock), 4096);
+  size_ = control + static_cast<size_t>(world) * channel_stride_;
+  size_ = round_up(size_, 4096);
+
+  char name[64];
+  std::snprintf(name, sizeof name, "pycoll-rank%d", rank);
+  fd_ = static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
+  PYCOLL_CHECK_SYS(fd_);
+  if (ftruncate(fd_, static_cast<off_t>(size_)) < 0) {
+    int err = errno;
+    ::close(fd_);
+    errno = err;
+    throw_system_error("ftruncate(shared-memory segment)", __FILE__, __LINE__);
+  }
+  void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (base == MAP_FAILED) {
+    int err = errno;
+    ::close(fd_);
+    errno = err;
+    throw_system_error("mmap(shared-memory segment)", __FILE__, __LINE__);
+  }
+  segments_.assign(world, nullptr);
+  segments_[rank] = static_cast<uint8_t*>(base);
+
+  auto* cb = new (base) ControlBlock();
+  cb->magic = kMagic;
+  cb->version = kVersion;
+  cb->rank = rank;
+  cb->world = world;
+  cb->pid = static_cast<int32_t>(getpid());
+  cb->slot_bytes = config.slot_bytes;
+  cb->slots = config.slots;
+  cb->doorbell.store(0);
+  cb->sleepers.store(0);
+  cb->entered_seq.store(0);
+  for (auto& d : cb->descs) d.seq.store(0);
+  cb->abort_state.store(0);
+  for (int p = 0; p < world; ++p) {
+    auto* ch = new (reinterpret_cast<uint8_t*>(base) + control + p * channel_stride_) Channel();
+    ch->head.store(0);
+    ch->tail.store(0);
+  }
+  pidfds_.assign(world, -1);
+  pids_.assign(world, 0);
+  pids_[rank] = getpid();
+  send_head_.assign(world, 0);
+  send_tail_seen_.assign(world, 0);
+  recv_tail_.assign(world, 0);
+  recv_head_seen_.assign(world, 0);
+}
+
+ShmTransport::~ShmTransport() {
+  for (int r = 0; r < world_; ++r) {
+    if (segments_[r]) munmap(segments_[r], size_);
+    if (pidfds_[r] >= 0) ::close(pidfds_[r]);
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ShmTransport::close_segment_fd() {
+  if (fd_ >= 0) {
+    PYCOLL_CHECK_SYS(::close(fd_));
+    fd_ = -1;
+  }
+}
+
+void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>& fds) {
+  if (static_cast<int>(pids.size()) != world_ || static_cast<int>(fds.size()) != world_)
+    throw Error(ErrorKind::kInvalidUsage, "connect() needs one pid and one fd per rank");
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    pids_[r] = pids[r];
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pids[r], fds[r]);
+    int fd = ::open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      throw Error(ErrorKind::kPeerLost,
+                  "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path +
+                      "): " + std::strerror(err) +
+                      ". All ranks of a host must run in one PID namespace as the same user; if rank " +
+                      std::to_string(r) + " exited, see its own error",
+                  r);
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || static_cast<size_t>(st.st_size) != size_) {
+      ::close(fd);
+      throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
+                                            "'s shared-memory segment has another size: the ranks were "
+                                            "configured differently (PYCOLL_SHM_SLOT_BYTES / PYCOLL_SHM_SLOTS "
+                                            "or world size)");
+    }
+    void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) {
+      errno = err;
+      throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
+    }
+    segments_[r] = static_cast<uint8_t*>(base);
+    const ControlBlock* cb = control(r);
+    if (cb->magic != kMagic || cb->version != kVersion || cb->rank != r || cb->world != world_ ||
+        cb->slot_bytes != config_.slot_bytes || cb->slots != config_.slots)
+      throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
+                                            "'s shared-memory segment does not match this rank's "
+                                            "(different pycoll version, world size or slot configuration)");
+    int64_t pfd = pidfd_open(pids[r]);
+    pidfds_[r] = pfd >= 0 ? static_cast<int>(pfd) : -1;  // ENOSYS/EPERM: fall back to /proc
+  }
+}
+
+ShmTransport::ControlBlock* ShmTransport::control(int r) const {
+  return reinterpret_cast<ControlBlock*>(segments_[r]);
+}
+
+ShmTransport::Channel* ShmTransport::channel(int owner, int peer) const {
+  size_t control_bytes = round_up(sizeof(ControlBlock), 4096);
+  return reinterpret_cast<Channel*>(segments_[owner] + control_bytes + peer * channel_stride_);
+}
+
+uint8_t* ShmTransport::slot(Channel* ch, uint64_t index) const {
+  return reinterpret_cast<uint8_t*>(ch) + round_up(sizeof(Channel), 64) +
+         (index % config_.slots) * (kFragHeaderBytes + config_.slot_bytes);
+}
+
+void* ShmTransport::acquire_send(int peer) {
+  if (send_head_[peer] - send_tail_seen_[peer] >= config_.slots) {
+    send_tail_seen_[peer] = channel(rank_, peer)->tail.load(std::memory_order_acquire);
+    if (send_head_[peer] - send_tail_seen_[peer] >= config_.slots) return nullptr;
+  }
+  return slot(channel(rank_, peer), send_head_[peer]) + kFragHeaderBytes;
+}
+
+void ShmTransport::commit_send(int peer, const FragHeader& h) {
+  Channel* ch = channel(rank_, peer);
+  std::memcpy(slot(ch, send_head_[peer]), &h, sizeof h);
+  ch->head.store(++send_head_[peer], std::memory_order_release);
+  ring(peer);
+}
+
+const void* ShmTransport::peek_recv(int peer, FragHeader* h) {
+  Channel* ch = channel(peer, rank_);
+  if (recv_tail_[peer] == recv_head_seen_[peer]) {
+    recv_head_seen_[peer] = ch->head.load(std::memory_order_acquire);
+    if (recv_tail_[peer] == recv_head_seen_[peer]) return nullptr;
+  }
+  const uint8_t* s = slot(ch, recv_tail_[peer]);
+  std::memcpy(h, s, sizeof *h);
+  return s + kFragHeaderBytes;
+}
+
+void ShmTransport::release_recv(int peer) {
+  channel(peer, rank_)->tail.store(++recv_tail_[peer], std::memory_order_release);
+  ring(peer);
+}
+
+void ShmTransport::ring(int peer) {
+  ControlBlock* cb = control(peer);
+  // seq_cst on both sides (here and in wait_progress) so that either the sleeper sees the new doorbell
+  // value or we see the sleeper: no lost wake-up.
+  cb->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (cb->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&cb->doorbell);
+}
+
+uint32_t ShmTransport::progress_token() {
+  return control(rank_)->doorbell.load(std::memory_order_acquire);
+}
+
+void ShmTransport::wait_progress(uint32_t token, int64_t timeout_ns) {
+  ControlBlock* cb = control(rank_);
+  cb->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (cb->doorbell.load(std::memory_order_seq_cst) == token) {
+    try {
+      futex_wait(&cb->doorbell, token, timeout_ns);
+    } catch (...) {
+      cb->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      throw;
+    }
+  }
+  cb->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
+  throw_if_aborted();
+  ControlBlock* cb = control(rank_);
+  DescSlot& ds = cb->descs[seq % kDescRing];
+  ds.seq.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  ds.desc = desc;
+  ds.seq.store(seq, std::memory_order_release);
+  cb->entered_seq.store(seq, std::memory_order_release);
+}
+
+bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {
+  DescSlot& ds = control(peer)->descs[seq % kDescRing];
+  if (ds.seq.load(std::memory_order_acquire) != seq) return false;
+  *out = ds.desc;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return ds.seq.load(std::memory_order_relaxed) == seq;
+}
+
+void ShmTransport::throw_if_aborted() {
+  for (int r = 0; r < world_; ++r) {
+    ControlBlock* cb = control(r);
+    if (cb->abort_state.load(std::memory_order_acquire) == 2) {
+      std::string msg(cb->abort_msg, strnlen(cb->abort_msg, kAbortMsgBytes));
+      throw Error(static_cast<ErrorKind>(cb->abort_kind), msg, cb->abort_peer);
+    }
+  }
+}
+
+void ShmTransport::abort(const Error& error) {
+  ControlBlock* cb = control(rank_);
+  uint32_t expected = 0;
+  if (!cb->abort_state.compare_exchange_strong(expected, 1)) return;  // this rank already aborted
+  cb->abort_kind = static_cast<int32_t>(error.kind());
+  cb->abort_peer = error.peer();
+  std::string msg = error.what();
+  std::string prefix = "(reported by rank " + std::to_string(rank_) + ") ";
+  if (msg.rfind("(reported by rank", 0) != 0) msg = prefix + msg;
+  std::strncpy(cb->abort_msg, msg.c_str(), kAbortMsgBytes - 1);
+  cb->abort_msg[kAbortMsgBytes - 1] = '\0';
+  cb->abort_state.store(2, std::memory_order_release);
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_ && segments_[r]) ring(r);
+}
+
+void ShmTransport::check_peers_alive() {
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || pids_[r] == 0) continue;
+    bool dead = false;
+    if (pidfds_[r] >= 0) {
+      struct pollfd p = {pidfds_[r], POLLIN, 0};
+      int rc = ::poll(&p, 1, 0);
+      PYCOLL_CHECK_SYS(rc);
+      dead = rc > 0;  // a pidfd becomes readable when its process exits
+    } else {
+      char path[64];
+      std::snprintf(path, sizeof path, "/proc/%d/stat", pids_[r]);
+      FILE* f = std::fopen(path, "r");
+      if (!f) {
+        dead = true;
+      } else {
+        char buf[256] = {0};
+        size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+        std::fclose(f);
+        const char* close_paren = std::strrchr(buf, ')');
+        dead = n == 0 || !close_paren || close_paren[2] == 'Z' || close_paren[2] == 'X';
+      }
+    }
+    if (dead)
+      throw Error(ErrorKind::kPeerLost,
+                  "rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) + ") exited while rank " +
+                      std::to_string(rank_) + " depended on it; the communicator cannot be used any more",
+                  r);
+  }
+}
+
+void ShmTransport::check_health(const WaitContext& ctx) {
+  throw_if_aborted();
+  check_peers_alive();
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    Descriptor theirs;
+    if (published_descriptor(r, ctx.seq, &theirs) && theirs.hash() != ctx.desc->hash())
+      throw Error(ErrorKind::kMismatch,
+                  "collective #" + std::to_string(ctx.seq) + " differs between ranks (" +
+                      differences(*ctx.desc, theirs) + "): rank " + std::to_string(rank_) + " called " +
+                      describe(*ctx.desc) + " but rank " + std::to_string(r) + " called " + describe(theirs),
+                  r);
+  }
+}
+
+std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (control(r)->entered_seq.load(std::memory_order_acquire) < seq) out.push_back(r);
+  return out;
+}
+
+void ShmTransport::raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
+                                         uint64_t expected_msg_bytes) {
+  std::string mine = describe(desc);
+  Descriptor theirs;
+  if (got.seq != seq) {
+    std::string what = "rank " + std::to_string(peer) + " sent data of its collective #" + std::to_string(got.seq) +
+                       " to rank " + std::to_string(rank_) + ", which is in collective #" + std::to_string(seq) + " " +
+                       mine + ": the ranks did not call the same sequence of collectives";
+    if (published_descriptor(peer, got.seq, &theirs))
+      what += " (rank " + std::to_string(peer) + " is in " + describe(theirs) + ")";
+    throw Error(ErrorKind::kMismatch, what, peer);
+  }
+  if (got.desc_hash != desc.hash()) {
+    if (published_descriptor(peer, seq, &theirs))
+      throw Error(ErrorKind::kMismatch,
+                  "collective #" + std::to_string(seq) + " differs between ranks (" + differences(desc, theirs) +
+                      "): rank " + std::to_string(rank_) + " called " + mine + " but rank " + std::to_string(peer) +
+                      " called " + describe(theirs),
+                  peer);
+    throw Error(ErrorKind::kMismatch,
+                "collective #" + std::to_string(seq) + " differs between rank " + std::to_string(rank_) + " " + mine +
+                    " and rank " + std::to_string(peer),
+                peer);
+  }
+  throw Error(ErrorKind::kMismatch,
+              "rank " + std::to_string(peer) + " sent a message of " + std::to_string(got.msg_bytes) +
+                  " bytes where rank " + std::to_string(rank_) + " expected " + std::to_string(expected_msg_bytes) +
+                  " in collective #" + std::to_string(seq) + " " + mine,
+              peer);
+}
+
+}  // namespace pycoll

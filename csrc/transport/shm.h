@@ -1,0 +1,91 @@
+// Shared-memory transport between the processes of one host.
+//
+// Each rank owns one segment: an anonymous memfd (so nothing ever appears in /dev/shm, and the kernel
+// frees it when the last process that maps it exits, however it exits). The others map it by opening
+// /proc/<owner pid>/fd/<fd> once, during set-up. A segment holds
+//   - the owner's control block: its doorbell (a futex word every peer bumps when it gives the owner
+//     something to do), the descriptors of the collectives it entered, its abort record;
+//   - one outbound channel per peer: a ring of `slots` fragments of `slot_bytes` each, written by the
+//     owner (head) and consumed in place by that peer (tail).
+// A fragment is therefore copied once into the ring by the sender and read once by the receiver, who
+// reduces or copies it straight into its own buffer (or into its own outbound ring, for a fused
+// receive-reduce-send). Waiting spins briefly (only when every rank has a core of its own) and then
+// sleeps on the doorbell, waking every few milliseconds to check that peers are alive.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace pycoll {
+
+struct ShmConfig {
+  size_t slot_bytes = 64 * 1024;
+  uint32_t slots = 8;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport(int rank, int world, const ShmConfig& config);
+  ~ShmTransport() override;
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  // This rank's segment, for the others to map: the owner's pid, its fd, the size.
+  int segment_fd() const { return fd_; }
+  size_t segment_size() const { return size_; }
+  // Map every peer's segment (pids[r], fds[r] as they published them; entries for this rank ignored).
+  void connect(const std::vector<int>& pids, const std::vector<int>& fds);
+  // Close the fd of this rank's own segment once every peer has mapped it.
+  void close_segment_fd();
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  size_t fragment_bytes() const override { return config_.slot_bytes; }
+  size_t segment_bytes() const override { return config_.slot_bytes * config_.slots / 2; }
+
+  void* acquire_send(int peer) override;
+  void commit_send(int peer, const FragHeader& h) override;
+  const void* peek_recv(int peer, FragHeader* h) override;
+  void release_recv(int peer) override;
+
+  uint32_t progress_token() override;
+  void wait_progress(uint32_t token, int64_t timeout_ns) override;
+
+  void begin_collective(uint64_t seq, const Descriptor& desc) override;
+  void check_health(const WaitContext& ctx) override;
+  void abort(const Error& error) override;
+  std::vector<int> ranks_not_entered(uint64_t seq) override;
+  [[noreturn]] void raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
+                                          uint64_t expected_msg_bytes) override;
+
+  struct ControlBlock;
+  struct Channel;
+
+ private:
+  ControlBlock* control(int r) const;
+  Channel* channel(int owner, int peer) const;  // owner's outbound channel to peer
+  uint8_t* slot(Channel* ch, uint64_t index) const;
+  void ring(int peer);
+  void throw_if_aborted();
+  bool published_descriptor(int peer, uint64_t seq, Descriptor* out);
+  void check_peers_alive();
+
+  int rank_;
+  int world_;
+  ShmConfig config_;
+  int fd_ = -1;
+  size_t size_ = 0;
+  size_t channel_stride_ = 0;
+  std::vector<uint8_t*> segments_;  // segments_[r]: rank r's segment mapped here
+  std::vector<int> pidfds_;         // -1 where pidfd_open is unavailable (then /proc is read)
+  std::vector<int> pids_;
+  // Local copies of the ring counters, so the shared ones are read only when a ring looks full / empty.
+  std::vector<uint64_t> send_head_, send_tail_seen_, recv_tail_, recv_head_seen_;
+};
+
+}  // namespace pycoll

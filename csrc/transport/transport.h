@@ -1,0 +1,82 @@
+// The seam between the executor and whatever moves bytes between two ranks.
+//
+// A transport lends buffers instead of copying from the caller's: the sender asks for room for the
+// next fragment to a peer (acquire_send), writes it there (a plain copy, or an encoder or a reduction
+// writing straight into it) and commits it; the receiver looks at the oldest fragment from a peer in
+// place (peek_recv), consumes it (copy, reduce, decode-accumulate) and releases it. Shared memory lends
+// slots of a ring in a segment both processes map; TCP lends staging buffers that its I/O threads
+// drain and fill; CUDA IPC lends slots in device memory. Nothing here blocks except wait_progress.
+//
+// Fragments to one peer arrive in the order they were committed. Each carries a FragHeader so that the
+// receiver can check it belongs to the collective it is running (CollectiveMismatchError otherwise).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/descriptor.h"
+#include "pycoll/errors.h"
+
+namespace pycoll {
+
+struct FragHeader {
+  uint64_t seq;        // collective number on the communicator (the same on every rank for one call)
+  uint64_t desc_hash;  // Descriptor::hash() of the sender's call
+  uint64_t msg_bytes;  // size of the whole message this fragment belongs to
+  uint64_t offset;     // where the fragment starts within the message
+  uint32_t bytes;      // payload bytes in this fragment
+  uint32_t reserved;
+};
+
+// What the executor knows while it waits; the transport uses it to word its errors.
+struct WaitContext {
+  uint64_t seq;
+  const Descriptor* desc;
+  int waiting_on_peer;  // the peer whose data or room the executor is waiting for, or -1
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // Largest payload of one fragment (the same on every rank of a communicator).
+  virtual size_t fragment_bytes() const = 0;
+  // Largest message a plan step may send on one link: plans cut data into segments no larger than this,
+  // so that bounded channels never hold up a step (half of one channel's capacity).
+  virtual size_t segment_bytes() const = 0;
+
+  // --- data plane, non-blocking ---
+  // Room for the next fragment to `peer`, at least fragment_bytes() large, or nullptr if none is free now.
+  virtual void* acquire_send(int peer) = 0;
+  virtual void commit_send(int peer, const FragHeader& h) = 0;
+  // The oldest unconsumed fragment from `peer` (header copied to *h), or nullptr if none has arrived.
+  virtual const void* peek_recv(int peer, FragHeader* h) = 0;
+  virtual void release_recv(int peer) = 0;
+
+  // --- waiting ---
+  // A value that changes whenever something this rank waits for may have changed. Read it before
+  // looking for work, and pass it to wait_progress, so that no wake-up is lost in between.
+  virtual uint32_t progress_token() = 0;
+  // Block until the token changes or timeout_ns passes (spurious returns are allowed).
+  virtual void wait_progress(uint32_t token, int64_t timeout_ns) = 0;
+
+  // --- control plane ---
+  // Announce that this rank enters collective `seq`; throws if the communicator was aborted.
+  virtual void begin_collective(uint64_t seq, const Descriptor& desc) = 0;
+  // Called while waiting long enough to suspect trouble: throws PeerLost (a peer died), Mismatch (a peer
+  // published a different descriptor for this collective) or the error some other rank aborted with.
+  virtual void check_health(const WaitContext& ctx) = 0;
+  // Tell every rank that this communicator failed with `error` (the first abort wins).
+  virtual void abort(const Error& error) = 0;
+  // Ranks that have not yet entered collective `seq`, for timeout messages.
+  virtual std::vector<int> ranks_not_entered(uint64_t seq) = 0;
+  // Throws the Mismatch error for a fragment whose header does not fit the running collective.
+  [[noreturn]] virtual void raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
+                                                  uint64_t expected_msg_bytes) = 0;
+};
+
+}  // namespace pycoll

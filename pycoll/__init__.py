@@ -1,0 +1,89 @@
+"""pycoll: collective communication (all-reduce and friends) with compression, for multi-process jobs.
+
+    import pycoll
+    pycoll.init()                      # under `pycoll run -n 4`, torchrun, mpirun or srun
+    pycoll.allreduce(x)                # x: numpy array or torch CPU tensor, reduced in place
+
+The API is loaded on first use, so ``import pycoll`` stays cheap and never fails for lack of a GPU,
+a driver or NCCL (and ``import pycoll.algorithms`` works without the native module).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pycoll.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    InvalidUsageError,
+    NcclError,
+    PeerLostError,
+    PycollError,
+)
+
+__version__ = "0.1.0"
+
+_API = (
+    "init",
+    "finalize",
+    "is_initialized",
+    "get_comm",
+    "get_rank",
+    "get_world_size",
+    "allreduce",
+    "broadcast",
+    "barrier",
+    "reduce_scatter",
+    "all_gather",
+    "SUPPORTED_DTYPES",
+    "SUPPORTED_OPS",
+)
+
+__all__ = [
+    *_API,
+    "Communicator",
+    "Work",
+    "PycollError",
+    "CollectiveTimeoutError",
+    "PeerLostError",
+    "CollectiveMismatchError",
+    "InvalidUsageError",
+    "NcclError",
+    "CommunicatorBrokenError",
+]
+
+if TYPE_CHECKING:
+    from pycoll.api import (  # noqa: F401
+        SUPPORTED_DTYPES,
+        SUPPORTED_OPS,
+        all_gather,
+        allreduce,
+        barrier,
+        broadcast,
+        finalize,
+        get_comm,
+        get_rank,
+        get_world_size,
+        init,
+        is_initialized,
+        reduce_scatter,
+    )
+    from pycoll.comm import Communicator  # noqa: F401
+    from pycoll.work import Work  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from pycoll import api
+
+        return getattr(api, name)
+    if name == "Communicator":
+        from pycoll.comm import Communicator
+
+        return Communicator
+    if name == "Work":
+        from pycoll.work import Work
+
+        return Work
+    raise AttributeError(f"module 'pycoll' has no attribute {name!r}")

@@ -1,0 +1,166 @@
+"""Plans: what one rank does in one collective, as plain data.
+
+An algorithm (ring, tree, direct, ...) is a pure function that returns, for one rank, a ``Plan``: an
+ordered list of *steps*, each a tuple of *ops*. The native executor (csrc/engine) and the pure-Python
+simulator (``simulate.py``) both run plans with exactly the semantics written here; nothing else
+about an algorithm is known to either of them.
+
+Buffers
+    ``INPUT`` (``input_count`` elements) and ``OUTPUT`` (``output_count`` elements). For an in-place
+    all-reduce both refer to the same memory; plans for in-place collectives must therefore be correct
+    when they alias (they read a region of INPUT only before writing the same region of OUTPUT).
+
+Ops (``count`` elements each; ``src``/``dst`` are (buffer, element offset)):
+    SEND                 send src[0:count] to ``send_peer``.
+    RECV                 receive ``count`` elements from ``recv_peer`` into dst.
+    RECV_REDUCE          dst[i] = src[i] (+) msg[i]          (msg received from ``recv_peer``)
+    RECV_REDUCE_SEND     send src[i] (+) msg[i] to ``send_peer``; nothing is written locally.
+    RECV_REDUCE_COPY_SEND  v = src[i] (+) msg[i]; dst[i] = v; send v to ``send_peer``.
+    RECV_COPY_SEND       dst[i] = msg[i]; send msg[i] on to ``send_peer``.
+    COPY                 dst[0:count] = src[0:count] (local).
+    (+) is the reduction operator (sum, min, max, prod; avg reduces as sum).
+
+``finalize`` marks the op that produces the *final* value of a region (the chunk owner's last
+reduction). For ``avg`` the executor divides by the world size there, before the value is written or
+sent on, so every rank receives the same already-divided bits. For other operators it changes nothing.
+
+Execution order
+    Steps run in order: step k+1 starts only when every op of step k is complete. Within a step,
+    pure SENDs progress independently of each other and of the receiving ops (full duplex). Every op
+    that receives (or COPY) completes in list order, which makes float reductions deterministic.
+    Messages between an ordered pair of ranks are FIFO and are matched by position: the n-th message
+    rank a sends to rank b is the n-th message b receives from a, and both sides must agree on its
+    count (the executor checks, and raises CollectiveMismatchError otherwise).
+
+Empty regions
+    Plans emit ops for empty chunks too (count 0): the executor still sends a header-only message, so
+    every collective synchronises the ranks it connects and a rank that called with a different count
+    is detected rather than left waiting.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+class OpKind(enum.IntEnum):
+    """Op codes; the values are shared with csrc/engine/plan.h."""
+
+    SEND = 0
+    RECV = 1
+    RECV_REDUCE = 2
+    RECV_REDUCE_SEND = 3
+    RECV_REDUCE_COPY_SEND = 4
+    RECV_COPY_SEND = 5
+    COPY = 6
+
+
+class Buf(enum.IntEnum):
+    INPUT = 0
+    OUTPUT = 1
+
+
+SENDS = frozenset(
+    {OpKind.SEND, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND, OpKind.RECV_COPY_SEND}
+)
+RECEIVES = frozenset(
+    {
+        OpKind.RECV,
+        OpKind.RECV_REDUCE,
+        OpKind.RECV_REDUCE_SEND,
+        OpKind.RECV_REDUCE_COPY_SEND,
+        OpKind.RECV_COPY_SEND,
+    }
+)
+READS_SRC = frozenset(
+    {OpKind.SEND, OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND, OpKind.COPY}
+)
+WRITES_DST = frozenset(
+    {OpKind.RECV, OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_COPY_SEND, OpKind.RECV_COPY_SEND, OpKind.COPY}
+)
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    count: int
+    send_peer: int = -1
+    recv_peer: int = -1
+    src: tuple[Buf, int] = (Buf.INPUT, 0)
+    dst: tuple[Buf, int] = (Buf.OUTPUT, 0)
+    finalize: bool = False
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError(f"op count must be >= 0, got {self.count}")
+        if (self.kind in SENDS) != (self.send_peer >= 0):
+            raise ValueError(f"{self.kind.name} needs send_peer iff it sends, got {self.send_peer}")
+        if (self.kind in RECEIVES) != (self.recv_peer >= 0):
+            raise ValueError(f"{self.kind.name} needs recv_peer iff it receives, got {self.recv_peer}")
+
+
+# Columns of the int64 table handed to the native executor (csrc/engine/plan.h reads the same order).
+OP_COLUMNS = ("kind", "count", "send_peer", "recv_peer", "src_buf", "src_off", "dst_buf", "dst_off", "finalize")
+
+
+@dataclass(frozen=True)
+class Plan:
+    rank: int
+    world: int
+    collective: str
+    algorithm: str
+    input_count: int
+    output_count: int
+    steps: tuple[tuple[Op, ...], ...] = field(default_factory=tuple)
+
+    def ops(self) -> Iterable[Op]:
+        for step in self.steps:
+            yield from step
+
+    def to_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ops as an int64 [n_ops, len(OP_COLUMNS)] array, step start indices as int64 [n_steps+1])."""
+        rows = [
+            (int(o.kind), o.count, o.send_peer, o.recv_peer, int(o.src[0]), o.src[1], int(o.dst[0]), o.dst[1],
+             int(o.finalize))
+            for o in self.ops()
+        ]
+        table = np.array(rows, dtype=np.int64).reshape(len(rows), len(OP_COLUMNS))
+        starts = np.zeros(len(self.steps) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in self.steps], out=starts[1:])
+        return table, starts
+
+
+def split_even(count: int, parts: int) -> list[tuple[int, int]]:
+    """(offset, length) of ``parts`` contiguous pieces of ``count`` elements, sizes differing by <= 1."""
+    base, extra = divmod(count, parts)
+    out = []
+    off = 0
+    for i in range(parts):
+        n = base + (1 if i < extra else 0)
+        out.append((off, n))
+        off += n
+    return out
+
+
+def segments(offset: int, length: int, segment_elems: int) -> list[tuple[int, int]]:
+    """Split [offset, offset+length) into pieces of at most ``segment_elems`` (one empty piece if empty)."""
+    if length == 0:
+        return [(offset, 0)]
+    return [(offset + s, min(segment_elems, length - s)) for s in range(0, length, segment_elems)]
+
+
+def make_plan(
+    rank: int,
+    world: int,
+    collective: str,
+    algorithm: str,
+    input_count: int,
+    output_count: int,
+    steps: Sequence[Sequence[Op]],
+) -> Plan:
+    return Plan(rank, world, collective, algorithm, input_count, output_count,
+                tuple(tuple(s) for s in steps if len(s)))

@@ -1,0 +1,292 @@
+"""pycoll's public functions: init / finalize and the collectives.
+
+Every collective validates its arguments before any byte is sent (InvalidUsageError names what was
+expected), then runs the plan of the chosen algorithm on the native executor with the GIL released.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+from typing import Any, Optional, TypeVar, Union
+
+import numpy as np
+
+from pycoll.algorithms import ALGORITHMS
+from pycoll.algorithms.select import select_algorithm
+from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
+from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
+from pycoll.comm import Communicator
+from pycoll.env import Settings, launcher_hosts_store
+from pycoll.errors import InvalidUsageError
+from pycoll.work import Work
+
+T = TypeVar("T")
+log = logging.getLogger("pycoll")
+
+_default: Optional[Communicator] = None
+_default_lock = threading.Lock()
+_EMPTY = Buffer(0, 0, "float32", 4, None)  # what barrier() hands the executor
+
+
+def _configure_logging(settings: Settings) -> None:
+    if settings.debug is None or getattr(log, "_pycoll_configured", False):
+        return
+    level = {"WARN": logging.WARNING, "INFO": logging.INFO, "TRACE": 5}[settings.debug]
+    logging.addLevelName(5, "TRACE")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pycoll %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
+    log._pycoll_configured = True  # type: ignore[attr-defined]
+
+
+def init(
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    *,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    store: Any = None,
+    timeout: Optional[float] = None,
+    set_default: bool = True,
+) -> Communicator:
+    """Forms a communicator and (by default) makes it the one collectives use when ``comm`` is omitted.
+
+    Where the ranks come from, in order: ``store=`` (a pycoll Store or a torch.distributed Store, with
+    ``rank`` and ``world_size``); explicit ``rank=``/``world_size=`` (with ``master_addr``/``master_port``);
+    the launcher's environment (torchrun / ``pycoll run``, Open MPI's mpirun, Slurm's srun).
+    ``timeout`` (seconds) bounds set-up and is the default deadline of every collective
+    (PYCOLL_TIMEOUT, else 300 s).
+    """
+    global _default
+    settings = Settings.from_environ()
+    _configure_logging(settings)
+    timeout = settings.timeout_s if timeout is None else float(timeout)
+    if timeout <= 0:
+        raise InvalidUsageError(f"timeout must be > 0 seconds, got {timeout}")
+    owned: tuple[Any, ...] = ()
+    if store is not None:
+        if rank is None or world_size is None:
+            info = detect_launch()
+            if info is None:
+                raise InvalidUsageError("init(store=...) needs rank= and world_size= (no launcher variables found)")
+            rank = info.rank if rank is None else rank
+            world_size = info.world_size if world_size is None else world_size
+        if not hasattr(store, "delete") and hasattr(store, "delete_key"):
+            store = TorchStoreAdapter(store)  # a torch.distributed Store
+    else:
+        if rank is not None or world_size is not None:
+            if rank is None or world_size is None:
+                raise InvalidUsageError("pass both rank= and world_size=, or neither (to read the launcher's)")
+            info = explicit_launch(rank, world_size, master_addr or "127.0.0.1", master_port)
+        else:
+            info = detect_launch()
+            if info is None:
+                raise InvalidUsageError(
+                    "pycoll.init() found no launcher environment: start the script with `pycoll run -n N`, "
+                    "torchrun, mpirun or srun, or pass rank=, world_size=, master_addr=, master_port="
+                )
+            if master_addr is not None or master_port is not None:
+                info = explicit_launch(info.rank, info.world_size, master_addr or info.master_addr,
+                                       master_port or info.master_port, local_rank=info.local_rank,
+                                       local_world_size=info.local_world_size, job_id=info.job_id)
+        rank, world_size = info.rank, info.world_size
+        store, server = rendezvous(info, timeout=timeout, store_hosted_externally=launcher_hosts_store())
+        owned = (store,) if server is None else (store, server)
+    try:
+        comm = Communicator(store, int(rank), int(world_size), timeout=timeout, settings=settings, owned=owned)
+    except BaseException:
+        for obj in owned:
+            obj.close()
+        raise
+    if set_default:
+        with _default_lock:
+            if _default is not None:
+                _default.finalize()
+            _default = comm
+    return comm
+
+
+def finalize(comm: Optional[Communicator] = None) -> None:
+    """Tears the communicator down (the default one when ``comm`` is omitted). Safe to call twice."""
+    global _default
+    with _default_lock:
+        if comm is None or comm is _default:
+            comm, _default = _default, None
+    if comm is not None:
+        comm.finalize()
+
+
+@atexit.register
+def _finalize_at_exit() -> None:
+    finalize()
+
+
+def is_initialized() -> bool:
+    return _default is not None
+
+
+def get_comm(comm: Optional[Communicator] = None) -> Communicator:
+    if comm is not None:
+        return comm
+    if _default is None:
+        raise InvalidUsageError("no communicator: call pycoll.init() first (or pass comm=)")
+    return _default
+
+
+def get_rank(comm: Optional[Communicator] = None) -> int:
+    return get_comm(comm).rank
+
+
+def get_world_size(comm: Optional[Communicator] = None) -> int:
+    return get_comm(comm).world_size
+
+
+def _algorithm(comm: Communicator, collective: str, algorithm: str, nbytes: int) -> str:
+    valid = ALGORITHMS[collective]
+    if algorithm == "auto":
+        return select_algorithm(collective, comm.world_size, nbytes)
+    if algorithm not in valid:
+        raise InvalidUsageError(
+            f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"
+        )
+    return algorithm
+
+
+def _timeout(timeout: Optional[float]) -> Optional[float]:
+    if timeout is not None and not timeout > 0:
+        raise InvalidUsageError(f"timeout must be > 0 seconds, got {timeout}")
+    return timeout
+
+
+def _launch(comm: Communicator, description: str, run: Any, result: T, async_op: bool) -> Union[T, Work]:
+    def body() -> T:
+        run()
+        return result
+
+    out = comm.submit(body, async_op)
+    return Work(out, description) if async_op else out
+
+
+def allreduce(
+    x: T,
+    op: str = "sum",
+    *,
+    algorithm: str = "auto",
+    compression: Any = None,
+    comm: Optional[Communicator] = None,
+    timeout: Optional[float] = None,
+    async_op: bool = False,
+) -> Union[T, Work]:
+    """Reduces ``x`` in place across all ranks and returns it (a Work when ``async_op``).
+
+    ``x``: a contiguous numpy array or torch CPU tensor of float32, float64, float16, bfloat16, int32,
+    int64, uint8 or int8. ``op``: sum, avg (floating types), min, max, prod. ``algorithm``: auto, ring,
+    tree or direct. Every rank ends with bitwise-identical results.
+    """
+    c = get_comm(comm)
+    buf = as_buffer(x, "x", writable=True)
+    code = op_code(op, buf)
+    if compression is not None:
+        raise InvalidUsageError(f"compression={compression!r} is not available in this version of pycoll")
+    algo = _algorithm(c, "allreduce", algorithm, buf.nbytes)
+    _timeout(timeout)
+    return _launch(c, f"allreduce({buf.count} x {buf.dtype}, {op}, {algo})",
+                   lambda: c.run("allreduce", algo, buf, buf, buf.count, code, 0, timeout), x, async_op)
+
+
+def broadcast(
+    x: T,
+    root: int = 0,
+    *,
+    algorithm: str = "auto",
+    comm: Optional[Communicator] = None,
+    timeout: Optional[float] = None,
+    async_op: bool = False,
+) -> Union[T, Work]:
+    """Copies ``x`` of rank ``root`` into ``x`` of every rank, in place."""
+    c = get_comm(comm)
+    buf = as_buffer(x, "x", writable=True)
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < c.world_size:
+        raise InvalidUsageError(f"root must be a rank in 0..{c.world_size - 1}, got {root!r}")
+    algo = _algorithm(c, "broadcast", algorithm, buf.nbytes)
+    _timeout(timeout)
+    return _launch(c, f"broadcast({buf.count} x {buf.dtype}, root={root})",
+                   lambda: c.run("broadcast", algo, buf, buf, buf.count, 0, int(root), timeout), x, async_op)
+
+
+def barrier(*, comm: Optional[Communicator] = None, timeout: Optional[float] = None) -> None:
+    """Returns once every rank has entered the barrier."""
+    c = get_comm(comm)
+    _timeout(timeout)
+    algo = ALGORITHMS["barrier"][0]
+    c.submit(lambda: c.run("barrier", algo, _EMPTY, _EMPTY, 0, 0, 0, timeout), False)
+
+
+def _check_same_dtype(x: Buffer, out: Buffer) -> None:
+    if x.dtype != out.dtype:
+        raise InvalidUsageError(f"x and out must have the same dtype, got {x.dtype} and {out.dtype}")
+    if x.overlaps(out):
+        raise InvalidUsageError("x and out must not overlap")
+
+
+def reduce_scatter(
+    x: Any,
+    out: T,
+    op: str = "sum",
+    *,
+    algorithm: str = "auto",
+    comm: Optional[Communicator] = None,
+    timeout: Optional[float] = None,
+    async_op: bool = False,
+) -> Union[T, Work]:
+    """``out`` on rank r becomes chunk r of the reduction of every rank's ``x``.
+
+    ``x`` holds world_size * out.size elements (chunk r is x.flat[r*m:(r+1)*m]); it is not modified.
+    """
+    c = get_comm(comm)
+    xb = as_buffer(x, "x", writable=False)
+    ob = as_buffer(out, "out", writable=True)
+    code = op_code(op, ob)
+    _check_same_dtype(xb, ob)
+    if xb.count != ob.count * c.world_size:
+        raise InvalidUsageError(
+            f"x must hold world_size * out.size = {c.world_size} * {ob.count} = {c.world_size * ob.count} "
+            f"elements, got {xb.count}"
+        )
+    algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes)
+    _timeout(timeout)
+    return _launch(c, f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
+                   lambda: c.run("reduce_scatter", algo, xb, ob, ob.count, code, 0, timeout), out, async_op)
+
+
+def all_gather(
+    x: Any,
+    out: T,
+    *,
+    algorithm: str = "auto",
+    comm: Optional[Communicator] = None,
+    timeout: Optional[float] = None,
+    async_op: bool = False,
+) -> Union[T, Work]:
+    """``out`` on every rank becomes the concatenation of every rank's ``x`` in rank order."""
+    c = get_comm(comm)
+    xb = as_buffer(x, "x", writable=False)
+    ob = as_buffer(out, "out", writable=True)
+    _check_same_dtype(xb, ob)
+    if ob.count != xb.count * c.world_size:
+        raise InvalidUsageError(
+            f"out must hold world_size * x.size = {c.world_size} * {xb.count} = {c.world_size * xb.count} "
+            f"elements, got {ob.count}"
+        )
+    algo = _algorithm(c, "all_gather", algorithm, ob.nbytes)
+    _timeout(timeout)
+    return _launch(c, f"all_gather({xb.count} x {xb.dtype}, {algo})",
+                   lambda: c.run("all_gather", algo, xb, ob, xb.count, 0, 0, timeout), out, async_op)
+
+
+SUPPORTED_DTYPES = tuple(DTYPE_CODES)
+SUPPORTED_OPS = tuple(OP_CODES)

@@ -1,0 +1,205 @@
+"""The communicator: a group of ranks, the native transport that connects them, and the plans it has
+compiled. ``pycoll.init()`` makes one; the collectives in ``pycoll.api`` run on it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Optional
+
+from pycoll import _C
+from pycoll.algorithms import build_plan
+from pycoll.arrays import Buffer
+from pycoll.bootstrap import PrefixStore, Store, store_barrier
+from pycoll.env import DEFAULT_SPIN_POLLS, Settings
+from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
+
+log = logging.getLogger("pycoll")
+
+COLLECTIVE_CODES = {name: i for i, name in enumerate(_C.COLLECTIVES)}
+ALGORITHM_CODES = {name: i for i, name in enumerate(_C.ALGORITHMS)}
+_PLAN_CACHE_SIZE = 512
+_comm_counter = itertools.count()
+
+
+def host_id() -> str:
+    """Identifies the machine: hostname plus the kernel's boot id (containers on one host share it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Communicator:
+    """Ranks 0..world_size-1 of one job, connected over shared memory (all on one host for now).
+
+    Collectives on one communicator must be called in the same order by every rank. A communicator that
+    saw an error (timeout, lost peer, mismatch) is broken: every later call raises
+    CommunicatorBrokenError; create a new one to go on.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        *,
+        timeout: float,
+        settings: Settings,
+        owned: tuple[Any, ...] = (),
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise InvalidUsageError(f"rank must be in 0..{world_size - 1}, got {rank}")
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.settings = settings
+        self._owned = owned  # store client / server this communicator closes at finalize
+        self._store: Store = PrefixStore(store, f"pycoll/comm{next(_comm_counter)}/")
+        self._plans: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._async: Optional[ThreadPoolExecutor] = None
+        self._pending: list[Future] = []
+        self._broken: Optional[BaseException] = None
+        self._logged: set[tuple] = set()
+        self._closed = False
+
+        # Every rank must be on this host until the TCP transport exists.
+        me = host_id()
+        self._store.set(f"host/{rank}", me.encode())
+        hosts = [self._store.get(f"host/{r}", timeout).decode() for r in range(world_size)]
+        others = sorted({r for r, h in enumerate(hosts) if h != me})
+        if others:
+            raise InvalidUsageError(
+                f"ranks {others} run on another host than rank {rank} ({me}); this version of pycoll "
+                f"connects ranks of one host only (shared memory)"
+            )
+        self.local_rank = rank
+        self.local_world_size = world_size
+
+        spin = settings.spin_polls
+        if spin is None:
+            spin = DEFAULT_SPIN_POLLS if world_size <= _usable_cpus() else 0
+        self._native = _C.NativeCommunicator(rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin)
+        self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
+        pids, fds = [], []
+        for r in range(world_size):
+            pid, fd = self._store.get(f"shm/{r}", timeout).decode().split(",")
+            pids.append(int(pid))
+            fds.append(int(fd))
+        self._native.connect(pids, fds)
+        store_barrier(self._store, "attached", rank, world_size, timeout, what="shared-memory set-up")
+        self._native.close_segment_fd()
+        self.segment_bytes = int(self._native.segment_bytes)
+        log.info(
+            "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
+            "spin %d polls, reduce loops %s",
+            rank, world_size, settings.shm_slots, settings.shm_slot_bytes // 1024, spin, _C.reduce_isa(),
+        )
+
+    # ---- plans -------------------------------------------------------------------------------------
+    def native_plan(self, collective: str, algorithm: str, count: int, itemsize: int, root: int = 0) -> Any:
+        key = (collective, algorithm, count, itemsize, root)
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        segment_elems = max(1, self.segment_bytes // itemsize)
+        p = build_plan(collective, algorithm, self.rank, self.world_size, count, root=root,
+                       segment_elems=segment_elems)
+        table, starts = p.to_table()
+        plan = _C.NativePlan(table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size)
+        self._plans[key] = plan
+        if len(self._plans) > _PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
+        if log.isEnabledFor(logging.INFO):
+            bucket = (collective, algorithm, max(count * itemsize, 1).bit_length())
+            if bucket not in self._logged:
+                self._logged.add(bucket)
+                log.info("rank %d: %s of %d bytes uses %s (%d steps, %d ops)", self.rank, collective,
+                         count * itemsize, algorithm, plan.num_steps, plan.num_ops)
+        if log.isEnabledFor(5):  # TRACE
+            for i, step in enumerate(p.steps):
+                log.log(5, "rank %d %s/%s step %d: %s", self.rank, collective, algorithm, i, step)
+        return plan
+
+    # ---- running -----------------------------------------------------------------------------------
+    def check_usable(self) -> None:
+        if self._closed:
+            raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+        if self._broken is not None:
+            raise CommunicatorBrokenError(
+                f"this communicator failed earlier and cannot be used any more "
+                f"({type(self._broken).__name__}: {self._broken}); create a new one"
+            )
+
+    def run(
+        self,
+        collective: str,
+        algorithm: str,
+        inp: Buffer,
+        out: Buffer,
+        count: int,
+        op: int,
+        root: int,
+        timeout: Optional[float],
+    ) -> None:
+        """Runs one collective on the calling thread (the GIL is released while it runs)."""
+        plan = self.native_plan(collective, algorithm, count, inp.itemsize, root)
+        try:
+            self._native.run(plan, inp.ptr, out.ptr, inp.code, op, COLLECTIVE_CODES[collective],
+                             ALGORITHM_CODES[algorithm], count, root, 0,
+                             self.timeout if timeout is None else timeout)
+        except PycollError as e:
+            if not isinstance(e, InvalidUsageError):
+                self._broken = e
+            raise
+
+    def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
+        """Runs fn now (sync) or on the communicator's worker thread (async), keeping call order."""
+        self.check_usable()
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()]
+            if not async_op and not self._pending:
+                run_inline = True
+            else:
+                run_inline = False
+                if self._async is None:
+                    self._async = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pycoll-rank{self.rank}")
+                fut = self._async.submit(fn)
+                self._pending.append(fut)
+        if run_inline:
+            return fn()
+        if async_op:
+            return fut
+        return fut.result()
+
+    # ---- teardown ----------------------------------------------------------------------------------
+    def finalize(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._async is not None:
+            self._async.shutdown(wait=True)
+            self._async = None
+        self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
+        for obj in self._owned:
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001 - teardown must not mask the user's own error
+                log.debug("closing %r failed", obj, exc_info=True)
+        self._owned = ()

@@ -1,0 +1,78 @@
+"""The one place that reads pycoll's ``PYCOLL_*`` environment variables.
+
+| variable               | meaning                                                        | default |
+|------------------------|----------------------------------------------------------------|---------|
+| PYCOLL_TIMEOUT         | deadline of every collective and of set-up, in seconds         | 300     |
+| PYCOLL_DEBUG           | WARN, INFO or TRACE: log through the ``pycoll`` logger          | silent  |
+| PYCOLL_SHM_SLOT_BYTES  | payload bytes of one shared-memory ring slot (multiple of 64)  | 65536   |
+| PYCOLL_SHM_SLOTS       | slots per shared-memory ring (per ordered pair of ranks)       | 8       |
+| PYCOLL_SPIN            | polls before a waiting rank sleeps; ``auto`` spins only when   | auto    |
+|                        | every local rank has a CPU of its own                          |         |
+| PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
+
+Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
+``pycoll.bootstrap.env``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from pycoll.errors import InvalidUsageError
+
+DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_SLOT_BYTES = 64 * 1024
+DEFAULT_SLOTS = 8
+DEFAULT_SPIN_POLLS = 4000
+DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+
+
+@dataclass(frozen=True)
+class Settings:
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    debug: Optional[str] = None
+    shm_slot_bytes: int = DEFAULT_SLOT_BYTES
+    shm_slots: int = DEFAULT_SLOTS
+    spin_polls: Optional[int] = None  # None: decide from the number of CPUs and local ranks
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def number(name: str, default: float, kind: type, minimum: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise InvalidUsageError(f"{name} must be a {kind.__name__}, got {raw!r}") from None
+            if value < minimum:
+                raise InvalidUsageError(f"{name} must be >= {minimum}, got {raw!r}")
+            return value
+
+        debug = env.get("PYCOLL_DEBUG", "").strip().upper() or None
+        if debug == "WARNING":
+            debug = "WARN"
+        if debug is not None and debug not in DEBUG_LEVELS:
+            raise InvalidUsageError(f"PYCOLL_DEBUG must be one of {', '.join(DEBUG_LEVELS)}, got {debug!r}")
+        slot_bytes = int(number("PYCOLL_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, int, 4096))
+        if slot_bytes % 64:
+            raise InvalidUsageError(f"PYCOLL_SHM_SLOT_BYTES must be a multiple of 64, got {slot_bytes}")
+        spin_raw = env.get("PYCOLL_SPIN", "auto").strip().lower()
+        spin = None if spin_raw in ("", "auto") else int(number("PYCOLL_SPIN", 0, int, 0))
+        return cls(
+            timeout_s=float(number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT_S, float, 0.001)),
+            debug=debug,
+            shm_slot_bytes=slot_bytes,
+            shm_slots=int(number("PYCOLL_SHM_SLOTS", DEFAULT_SLOTS, int, 2)),
+            spin_polls=spin,
+        )
+
+
+def launcher_hosts_store(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True when ``pycoll run`` hosts the rendezvous store (rank 0 connects to it instead of hosting)."""
+    env = os.environ if environ is None else environ
+    return env.get("PYCOLL_LAUNCHER_STORE", "0").strip() == "1"
