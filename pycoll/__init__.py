@@ -77,7 +77,9 @@ def __getattr__(name: str) -> Any:
     if name in _API:
         from pycoll import api
 
-        return getattr(api, name)
+        value = getattr(api, name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
     if name == "Communicator":
         from pycoll.comm import Communicator
 

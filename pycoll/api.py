@@ -10,7 +10,7 @@ import atexit
 import logging
 import sys
 import threading
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Callable, TypeVar, Union
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from pycoll.work import Work
 T = TypeVar("T")
 log = logging.getLogger("pycoll")
 
-_default: Optional[Communicator] = None
+_default: Communicator | None = None
 _default_lock = threading.Lock()
 _EMPTY = Buffer(0, 0, "float32", 4, None)  # what barrier() hands the executor
 
@@ -44,13 +44,13 @@ def _configure_logging(settings: Settings) -> None:
 
 
 def init(
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
+    rank: int | None = None,
+    world_size: int | None = None,
     *,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
     store: Any = None,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
     set_default: bool = True,
 ) -> Communicator:
     """Forms a communicator and (by default) makes it the one collectives use when ``comm`` is omitted.
@@ -72,7 +72,9 @@ def init(
         if rank is None or world_size is None:
             info = detect_launch()
             if info is None:
-                raise InvalidUsageError("init(store=...) needs rank= and world_size= (no launcher variables found)")
+                raise InvalidUsageError(
+                    "init(store=...) needs rank= and world_size= (no launcher variables found)"
+                )
             rank = info.rank if rank is None else rank
             world_size = info.world_size if world_size is None else world_size
         if not hasattr(store, "delete") and hasattr(store, "delete_key"):
@@ -80,7 +82,9 @@ def init(
     else:
         if rank is not None or world_size is not None:
             if rank is None or world_size is None:
-                raise InvalidUsageError("pass both rank= and world_size=, or neither (to read the launcher's)")
+                raise InvalidUsageError(
+                    "pass both rank= and world_size=, or neither (to read the launcher's)"
+                )
             info = explicit_launch(rank, world_size, master_addr or "127.0.0.1", master_port)
         else:
             info = detect_launch()
@@ -90,14 +94,22 @@ def init(
                     "torchrun, mpirun or srun, or pass rank=, world_size=, master_addr=, master_port="
                 )
             if master_addr is not None or master_port is not None:
-                info = explicit_launch(info.rank, info.world_size, master_addr or info.master_addr,
-                                       master_port or info.master_port, local_rank=info.local_rank,
-                                       local_world_size=info.local_world_size, job_id=info.job_id)
+                info = explicit_launch(
+                    info.rank,
+                    info.world_size,
+                    master_addr or info.master_addr,
+                    master_port or info.master_port,
+                    local_rank=info.local_rank,
+                    local_world_size=info.local_world_size,
+                    job_id=info.job_id,
+                )
         rank, world_size = info.rank, info.world_size
         store, server = rendezvous(info, timeout=timeout, store_hosted_externally=launcher_hosts_store())
         owned = (store,) if server is None else (store, server)
     try:
-        comm = Communicator(store, int(rank), int(world_size), timeout=timeout, settings=settings, owned=owned)
+        comm = Communicator(
+            store, int(rank), int(world_size), timeout=timeout, settings=settings, owned=owned
+        )
     except BaseException:
         for obj in owned:
             obj.close()
@@ -110,7 +122,7 @@ def init(
     return comm
 
 
-def finalize(comm: Optional[Communicator] = None) -> None:
+def finalize(comm: Communicator | None = None) -> None:
     """Tears the communicator down (the default one when ``comm`` is omitted). Safe to call twice."""
     global _default
     with _default_lock:
@@ -129,7 +141,7 @@ def is_initialized() -> bool:
     return _default is not None
 
 
-def get_comm(comm: Optional[Communicator] = None) -> Communicator:
+def get_comm(comm: Communicator | None = None) -> Communicator:
     if comm is not None:
         return comm
     if _default is None:
@@ -137,11 +149,11 @@ def get_comm(comm: Optional[Communicator] = None) -> Communicator:
     return _default
 
 
-def get_rank(comm: Optional[Communicator] = None) -> int:
+def get_rank(comm: Communicator | None = None) -> int:
     return get_comm(comm).rank
 
 
-def get_world_size(comm: Optional[Communicator] = None) -> int:
+def get_world_size(comm: Communicator | None = None) -> int:
     return get_comm(comm).world_size
 
 
@@ -156,19 +168,25 @@ def _algorithm(comm: Communicator, collective: str, algorithm: str, nbytes: int)
     return algorithm
 
 
-def _timeout(timeout: Optional[float]) -> Optional[float]:
+def _timeout(timeout: float | None) -> float | None:
     if timeout is not None and not timeout > 0:
         raise InvalidUsageError(f"timeout must be > 0 seconds, got {timeout}")
     return timeout
 
 
-def _launch(comm: Communicator, description: str, run: Any, result: T, async_op: bool) -> Union[T, Work]:
+def _launch(
+    comm: Communicator, describe: Callable[[], str], run: Callable[[], None], result: T, async_op: bool
+) -> Union[T, Work]:
+    """Runs a validated collective now, or on the communicator's worker thread when ``async_op``."""
+    if not async_op:
+        comm.submit(run, False)
+        return result
+
     def body() -> T:
         run()
         return result
 
-    out = comm.submit(body, async_op)
-    return Work(out, description) if async_op else out
+    return Work(comm.submit(body, True), describe())
 
 
 def allreduce(
@@ -177,8 +195,8 @@ def allreduce(
     *,
     algorithm: str = "auto",
     compression: Any = None,
-    comm: Optional[Communicator] = None,
-    timeout: Optional[float] = None,
+    comm: Communicator | None = None,
+    timeout: float | None = None,
     async_op: bool = False,
 ) -> Union[T, Work]:
     """Reduces ``x`` in place across all ranks and returns it (a Work when ``async_op``).
@@ -194,8 +212,13 @@ def allreduce(
         raise InvalidUsageError(f"compression={compression!r} is not available in this version of pycoll")
     algo = _algorithm(c, "allreduce", algorithm, buf.nbytes)
     _timeout(timeout)
-    return _launch(c, f"allreduce({buf.count} x {buf.dtype}, {op}, {algo})",
-                   lambda: c.run("allreduce", algo, buf, buf, buf.count, code, 0, timeout), x, async_op)
+    return _launch(
+        c,
+        lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo})",
+        lambda: c.run("allreduce", algo, buf, buf, buf.count, code, 0, timeout),
+        x,
+        async_op,
+    )
 
 
 def broadcast(
@@ -203,8 +226,8 @@ def broadcast(
     root: int = 0,
     *,
     algorithm: str = "auto",
-    comm: Optional[Communicator] = None,
-    timeout: Optional[float] = None,
+    comm: Communicator | None = None,
+    timeout: float | None = None,
     async_op: bool = False,
 ) -> Union[T, Work]:
     """Copies ``x`` of rank ``root`` into ``x`` of every rank, in place."""
@@ -214,11 +237,16 @@ def broadcast(
         raise InvalidUsageError(f"root must be a rank in 0..{c.world_size - 1}, got {root!r}")
     algo = _algorithm(c, "broadcast", algorithm, buf.nbytes)
     _timeout(timeout)
-    return _launch(c, f"broadcast({buf.count} x {buf.dtype}, root={root})",
-                   lambda: c.run("broadcast", algo, buf, buf, buf.count, 0, int(root), timeout), x, async_op)
+    return _launch(
+        c,
+        lambda: f"broadcast({buf.count} x {buf.dtype}, root={root})",
+        lambda: c.run("broadcast", algo, buf, buf, buf.count, 0, int(root), timeout),
+        x,
+        async_op,
+    )
 
 
-def barrier(*, comm: Optional[Communicator] = None, timeout: Optional[float] = None) -> None:
+def barrier(*, comm: Communicator | None = None, timeout: float | None = None) -> None:
     """Returns once every rank has entered the barrier."""
     c = get_comm(comm)
     _timeout(timeout)
@@ -239,8 +267,8 @@ def reduce_scatter(
     op: str = "sum",
     *,
     algorithm: str = "auto",
-    comm: Optional[Communicator] = None,
-    timeout: Optional[float] = None,
+    comm: Communicator | None = None,
+    timeout: float | None = None,
     async_op: bool = False,
 ) -> Union[T, Work]:
     """``out`` on rank r becomes chunk r of the reduction of every rank's ``x``.
@@ -259,8 +287,13 @@ def reduce_scatter(
         )
     algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes)
     _timeout(timeout)
-    return _launch(c, f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
-                   lambda: c.run("reduce_scatter", algo, xb, ob, ob.count, code, 0, timeout), out, async_op)
+    return _launch(
+        c,
+        lambda: f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
+        lambda: c.run("reduce_scatter", algo, xb, ob, ob.count, code, 0, timeout),
+        out,
+        async_op,
+    )
 
 
 def all_gather(
@@ -268,8 +301,8 @@ def all_gather(
     out: T,
     *,
     algorithm: str = "auto",
-    comm: Optional[Communicator] = None,
-    timeout: Optional[float] = None,
+    comm: Communicator | None = None,
+    timeout: float | None = None,
     async_op: bool = False,
 ) -> Union[T, Work]:
     """``out`` on every rank becomes the concatenation of every rank's ``x`` in rank order."""
@@ -284,8 +317,13 @@ def all_gather(
         )
     algo = _algorithm(c, "all_gather", algorithm, ob.nbytes)
     _timeout(timeout)
-    return _launch(c, f"all_gather({xb.count} x {xb.dtype}, {algo})",
-                   lambda: c.run("all_gather", algo, xb, ob, xb.count, 0, 0, timeout), out, async_op)
+    return _launch(
+        c,
+        lambda: f"all_gather({xb.count} x {xb.dtype}, {algo})",
+        lambda: c.run("all_gather", algo, xb, ob, xb.count, 0, 0, timeout),
+        out,
+        async_op,
+    )
 
 
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)

@@ -5,11 +5,11 @@ that bad input is reported before any byte is sent."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from pycoll._C import array_address
 from pycoll.errors import InvalidUsageError
 
 # Codes shared with csrc/kernels/types.h (DType).
@@ -29,15 +29,17 @@ OP_CODES = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 SUPPORTED_DTYPES = ", ".join(DTYPE_CODES)
 
 
-@dataclass(frozen=True)
 class Buffer:
-    """A contiguous array as the native core sees it."""
+    """A contiguous array as the native core sees it (a plain class: this sits on the per-call path)."""
 
-    ptr: int
-    count: int
-    dtype: str
-    itemsize: int
-    obj: Any  # keeps the caller's array alive while the native core uses ptr
+    __slots__ = ("ptr", "count", "dtype", "itemsize", "obj")
+
+    def __init__(self, ptr: int, count: int, dtype: str, itemsize: int, obj: Any) -> None:
+        self.ptr = ptr
+        self.count = count
+        self.dtype = dtype
+        self.itemsize = itemsize
+        self.obj = obj  # keeps the caller's array alive while the native core uses ptr
 
     @property
     def code(self) -> int:
@@ -51,6 +53,22 @@ class Buffer:
         if self.nbytes == 0 or other.nbytes == 0:
             return False
         return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
+
+
+# numpy dtype -> pycoll dtype name, filled lazily (bfloat16 comes from ml_dtypes when it is used).
+_NUMPY_DTYPES: dict[np.dtype, str] = {np.dtype(name): name for name in DTYPE_CODES if name != "bfloat16"}
+
+
+def _numpy_dtype(x: np.ndarray, name: str) -> str:
+    dtype = x.dtype
+    if dtype.name == "bfloat16" and dtype.itemsize == 2 and dtype.byteorder in "=|<":
+        _NUMPY_DTYPES[dtype] = "bfloat16"
+        return "bfloat16"
+    if dtype.byteorder == ">":
+        raise InvalidUsageError(f"{name} is big-endian ({dtype}); convert it to native byte order first")
+    raise InvalidUsageError(
+        f"{name} has dtype {dtype}; supported dtypes are {SUPPORTED_DTYPES} (bfloat16 via ml_dtypes or torch)"
+    )
 
 
 def _torch_buffer(x: Any, name: str) -> Buffer:
@@ -77,22 +95,16 @@ def _torch_buffer(x: Any, name: str) -> Buffer:
 def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
     """Validates ``x`` and describes it; raises InvalidUsageError naming what was expected."""
     if isinstance(x, np.ndarray):
-        if not x.flags.c_contiguous:
+        dtype = _NUMPY_DTYPES.get(x.dtype) or _numpy_dtype(x, name)
+        flags = x.flags
+        if not flags.c_contiguous:
             raise InvalidUsageError(
                 f"{name} must be C-contiguous, got an array with strides {x.strides}; "
                 f"use numpy.ascontiguousarray (and copy the result back)"
             )
-        if writable and not x.flags.writeable:
+        if writable and not flags.writeable:
             raise InvalidUsageError(f"{name} is read-only, but the result is written into it in place")
-        dtype = x.dtype.name
-        if dtype not in DTYPE_CODES or (dtype == "bfloat16" and x.dtype.itemsize != 2):
-            raise InvalidUsageError(
-                f"{name} has dtype {x.dtype}; supported dtypes are {SUPPORTED_DTYPES} "
-                f"(bfloat16 via ml_dtypes or torch)"
-            )
-        if x.dtype.byteorder == ">":
-            raise InvalidUsageError(f"{name} is big-endian; convert it to native byte order first")
-        return Buffer(int(x.__array_interface__["data"][0]), int(x.size), dtype, int(x.itemsize), x)
+        return Buffer(array_address(x), x.size, dtype, x.itemsize, x)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return _torch_buffer(x, name)

@@ -8,14 +8,15 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from pycoll import _C
 from pycoll.algorithms import build_plan
 from pycoll.arrays import Buffer
-from pycoll.bootstrap import PrefixStore, Store, store_barrier
+from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.env import DEFAULT_SPIN_POLLS, Settings
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 
@@ -72,9 +73,9 @@ class Communicator:
         self._store: Store = PrefixStore(store, f"pycoll/comm{next(_comm_counter)}/")
         self._plans: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self._async: Optional[ThreadPoolExecutor] = None
+        self._async: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
-        self._broken: Optional[BaseException] = None
+        self._broken: BaseException | None = None
         self._logged: set[tuple] = set()
         self._closed = False
 
@@ -94,7 +95,9 @@ class Communicator:
         spin = settings.spin_polls
         if spin is None:
             spin = DEFAULT_SPIN_POLLS if world_size <= _usable_cpus() else 0
-        self._native = _C.NativeCommunicator(rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin)
+        self._native = _C.NativeCommunicator(
+            rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin
+        )
         self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
         pids, fds = [], []
         for r in range(world_size):
@@ -104,11 +107,18 @@ class Communicator:
         self._native.connect(pids, fds)
         store_barrier(self._store, "attached", rank, world_size, timeout, what="shared-memory set-up")
         self._native.close_segment_fd()
+        # Counted so that a rank hosting the store keeps it up until every rank is past the barrier.
+        self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
         log.info(
             "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
             "spin %d polls, reduce loops %s",
-            rank, world_size, settings.shm_slots, settings.shm_slot_bytes // 1024, spin, _C.reduce_isa(),
+            rank,
+            world_size,
+            settings.shm_slots,
+            settings.shm_slot_bytes // 1024,
+            spin,
+            _C.reduce_isa(),
         )
 
     # ---- plans -------------------------------------------------------------------------------------
@@ -119,10 +129,13 @@ class Communicator:
             self._plans.move_to_end(key)
             return plan
         segment_elems = max(1, self.segment_bytes // itemsize)
-        p = build_plan(collective, algorithm, self.rank, self.world_size, count, root=root,
-                       segment_elems=segment_elems)
+        p = build_plan(
+            collective, algorithm, self.rank, self.world_size, count, root=root, segment_elems=segment_elems
+        )
         table, starts = p.to_table()
-        plan = _C.NativePlan(table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size)
+        plan = _C.NativePlan(
+            table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size
+        )
         self._plans[key] = plan
         if len(self._plans) > _PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
@@ -130,8 +143,15 @@ class Communicator:
             bucket = (collective, algorithm, max(count * itemsize, 1).bit_length())
             if bucket not in self._logged:
                 self._logged.add(bucket)
-                log.info("rank %d: %s of %d bytes uses %s (%d steps, %d ops)", self.rank, collective,
-                         count * itemsize, algorithm, plan.num_steps, plan.num_ops)
+                log.info(
+                    "rank %d: %s of %d bytes uses %s (%d steps, %d ops)",
+                    self.rank,
+                    collective,
+                    count * itemsize,
+                    algorithm,
+                    plan.num_steps,
+                    plan.num_ops,
+                )
         if log.isEnabledFor(5):  # TRACE
             for i, step in enumerate(p.steps):
                 log.log(5, "rank %d %s/%s step %d: %s", self.rank, collective, algorithm, i, step)
@@ -156,37 +176,52 @@ class Communicator:
         count: int,
         op: int,
         root: int,
-        timeout: Optional[float],
+        timeout: float | None,
     ) -> None:
         """Runs one collective on the calling thread (the GIL is released while it runs)."""
         plan = self.native_plan(collective, algorithm, count, inp.itemsize, root)
         try:
-            self._native.run(plan, inp.ptr, out.ptr, inp.code, op, COLLECTIVE_CODES[collective],
-                             ALGORITHM_CODES[algorithm], count, root, 0,
-                             self.timeout if timeout is None else timeout)
+            self._native.run(
+                plan,
+                inp.ptr,
+                out.ptr,
+                inp.code,
+                op,
+                COLLECTIVE_CODES[collective],
+                ALGORITHM_CODES[algorithm],
+                count,
+                root,
+                0,
+                self.timeout if timeout is None else timeout,
+            )
         except PycollError as e:
             if not isinstance(e, InvalidUsageError):
                 self._broken = e
             raise
+        except BaseException as e:  # KeyboardInterrupt mid-collective: the peers were told, this is over
+            self._broken = e
+            raise
 
     def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
         """Runs fn now (sync) or on the communicator's worker thread (async), keeping call order."""
-        self.check_usable()
+        if self._broken is not None or self._closed:
+            self.check_usable()
+        if not async_op and self._async is None:
+            return fn()  # the common case: nothing asynchronous was ever started
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             if not async_op and not self._pending:
-                run_inline = True
+                fut = None
             else:
-                run_inline = False
                 if self._async is None:
-                    self._async = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pycoll-rank{self.rank}")
+                    self._async = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"pycoll-rank{self.rank}"
+                    )
                 fut = self._async.submit(fn)
                 self._pending.append(fut)
-        if run_inline:
+        if fut is None:
             return fn()
-        if async_op:
-            return fut
-        return fut.result()
+        return fut if async_op else fut.result()
 
     # ---- teardown ----------------------------------------------------------------------------------
     def finalize(self) -> None:
@@ -197,6 +232,14 @@ class Communicator:
             self._async.shutdown(wait=True)
             self._async = None
         self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
+        if any(isinstance(obj, TCPStoreServer) for obj in self._owned) and self._broken is None:
+            # This rank hosts the store: do not pull it from under ranks still finishing set-up.
+            deadline = time.monotonic() + min(self.timeout, 10.0)
+            try:
+                while self._store.add("past_setup", 0) < self.world_size and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            except PycollError:
+                pass
         for obj in self._owned:
             try:
                 obj.close()

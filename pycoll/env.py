@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 from pycoll.errors import InvalidUsageError
 
@@ -32,13 +32,13 @@ DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 @dataclass(frozen=True)
 class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
-    debug: Optional[str] = None
+    debug: str | None = None
     shm_slot_bytes: int = DEFAULT_SLOT_BYTES
     shm_slots: int = DEFAULT_SLOTS
-    spin_polls: Optional[int] = None  # None: decide from the number of CPUs and local ranks
+    spin_polls: int | None = None  # None: decide from the number of CPUs and local ranks
 
     @classmethod
-    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> Settings:
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
 
         def number(name: str, default: float, kind: type, minimum: float) -> float:
@@ -72,7 +72,7 @@ class Settings:
         )
 
 
-def launcher_hosts_store(environ: Optional[Mapping[str, str]] = None) -> bool:
+def launcher_hosts_store(environ: Mapping[str, str] | None = None) -> bool:
     """True when ``pycoll run`` hosts the rendezvous store (rank 0 connects to it instead of hosting)."""
     env = os.environ if environ is None else environ
     return env.get("PYCOLL_LAUNCHER_STORE", "0").strip() == "1"

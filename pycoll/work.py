@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Optional
+from typing import Any
 
 from pycoll.errors import CollectiveTimeoutError
 
@@ -23,7 +23,7 @@ class Work:
         self._description = description
         self._torch_future: Any = None
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         try:
             self._future.result(timeout=timeout)
         except FutureTimeout:
@@ -38,7 +38,7 @@ class Work:
     def is_success(self) -> bool:
         return self._future.done() and self._future.exception() is None
 
-    def exception(self) -> Optional[BaseException]:
+    def exception(self) -> BaseException | None:
         """The error the collective raised, None if it succeeded; blocks until it finished."""
         return self._future.exception()
 

@@ -2,13 +2,14 @@
 // file with PYCOLL_ISA_NS set to a namespace of their own.
 #include <cstddef>
 
+#include "cpu/copy.h"
 #include "cpu/reduce.h"
 #include "kernels/reduce_ops.h"
 
 namespace pycoll::cpu::PYCOLL_ISA_NS {
 
 template <class E, class Op>
-static void reduce_loop(void* dst, void* dst2, const void* a, const void* b, size_t n, int avg_divisor) {
+static void reduce_plain(void* dst, void* dst2, const void* a, const void* b, size_t n, int avg_divisor) {
   using S = typename Elem<E>::storage;
   using C = typename Elem<E>::compute;
   S* d = static_cast<S*>(dst);
@@ -36,6 +37,22 @@ static void reduce_loop(void* dst, void* dst2, const void* a, const void* b, siz
     }
   } else {
     for (size_t i = 0; i < n; ++i) d[i] = Elem<E>::store(Op::apply(Elem<E>::load(pa[i]), Elem<E>::load(pb[i])));
+  }
+}
+
+// Streaming variant: reduce a block into a buffer that stays in L1, then stream it to dst.
+template <class E, class Op>
+static void reduce_loop(void* dst, void* dst2, const void* a, const void* b, size_t n, int avg_divisor,
+                        bool stream_dst) {
+  if (!stream_dst) return reduce_plain<E, Op>(dst, dst2, a, b, n, avg_divisor);
+  using S = typename Elem<E>::storage;
+  constexpr size_t kBlock = 4096 / sizeof(S);
+  alignas(64) S block[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    size_t m = n - i < kBlock ? n - i : kBlock;
+    reduce_plain<E, Op>(block, dst2 ? static_cast<S*>(dst2) + i : nullptr, static_cast<const S*>(a) + i,
+                        static_cast<const S*>(b) + i, m, avg_divisor);
+    stream_copy(static_cast<S*>(dst) + i, block, m * sizeof(S));
   }
 }
 

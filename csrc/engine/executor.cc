@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/copy.h"
+
 namespace pycoll {
 
 namespace {
@@ -37,6 +39,10 @@ void Executor::run(const NativePlan& plan, const RunArgs& args) {
     run_steps(plan, args);
   } catch (const Error& e) {
     t_.abort(e);
+    throw;
+  } catch (...) {  // e.g. KeyboardInterrupt from on_idle: the peers must not wait for this rank
+    t_.abort(Error(ErrorKind::kPeerLost,
+                   "rank " + std::to_string(t_.rank()) + " was interrupted during " + describe(args.desc), t_.rank()));
     throw;
   }
 }
@@ -72,6 +78,13 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + std::chrono::nanoseconds(a.timeout_ns);
 
+  const bool stream_outputs = plan.output_bytes >= policy_.stream_min_bytes;
+  auto copy = [](void* dst, const void* src, size_t n, bool stream) {
+    if (stream)
+      cpu::stream_copy(dst, src, n);
+    else
+      std::memcpy(dst, src, n);
+  };
   const size_t n_ops = plan.ops.size();
   std::vector<uint64_t> pos(n_ops, 0);  // bytes done (sent for SEND, received for the others)
   std::vector<uint8_t> done(n_ops, 0);
@@ -107,6 +120,9 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
     const PlanOp& op = plan.ops[i];
     const bool sends = op_sends(op.kind);
     const int divisor = op.finalize ? avg_divisor : 0;
+    // Final values go to memory with streaming stores in large collectives (never partials read again).
+    const bool stream = stream_outputs && (op.finalize || op.kind == OpKind::kRecv ||
+                                           op.kind == OpKind::kRecvCopySend || op.kind == OpKind::kRecvReduceCopySend);
     bool progressed = false;
     while (!done[i]) {
       FragHeader h;
@@ -131,20 +147,20 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       const uint8_t* src = buffer(op.src_buf) + op.src_off + pos[i];
       switch (op.kind) {
         case OpKind::kRecv:
-          std::memcpy(dst, frag, n);
+          copy(dst, frag, n, stream);
           break;
         case OpKind::kRecvReduce:
-          reduce(dst, nullptr, src, frag, n / isz, divisor);
+          reduce(dst, nullptr, src, frag, n / isz, divisor, stream);
           break;
         case OpKind::kRecvReduceSend:
-          reduce(room, nullptr, src, frag, n / isz, divisor);
+          reduce(room, nullptr, src, frag, n / isz, divisor, false);
           break;
         case OpKind::kRecvReduceCopySend:
-          reduce(dst, room, src, frag, n / isz, divisor);
+          reduce(dst, room, src, frag, n / isz, divisor, stream);
           break;
         case OpKind::kRecvCopySend:
-          std::memcpy(dst, frag, n);
           std::memcpy(room, frag, n);
+          copy(dst, frag, n, stream);
           break;
         default:
           throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");
@@ -214,12 +230,14 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       if (ns_between(last_progress, now) >= slice) {
         // Nothing happened for a whole slice: look for dead peers, mismatches and aborts.
         t_.check_health(ctx);
+        if (policy_.on_idle) policy_.on_idle();
         last_progress = now;
         slice = std::min(slice * 2, policy_.max_slice_ns);
       }
       t_.wait_progress(token, std::min<int64_t>(slice, ns_between(now, deadline)));
     }
   }
+  if (stream_outputs) cpu::stream_fence();
 }
 
 }  // namespace pycoll

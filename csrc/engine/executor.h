@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "cpu/reduce.h"
 #include "engine/descriptor.h"
@@ -12,7 +13,7 @@
 
 namespace pycoll {
 
-struct WaitPolicy {
+struct ExecutorPolicy {
   // Most polls of the transport before sleeping. Worth it only when every rank has a core of its own;
   // with more ranks than cores a spinning rank steals the core its peer needs (the communicator sets 0
   // then). The executor adapts below this: a spin that ends in sleep anyway halves the next one, so a
@@ -22,6 +23,12 @@ struct WaitPolicy {
   // aborts) run after each slice that passed without progress.
   int64_t first_slice_ns = 2'000'000;
   int64_t max_slice_ns = 50'000'000;
+  // Collectives whose output is at least this large write final values with non-temporal stores: the
+  // output would not stay in cache anyway, and skipping read-for-ownership saves a third of the traffic.
+  uint64_t stream_min_bytes = 8ull << 20;
+  // Called after every sleep slice that passed without progress (at most every few ms), e.g. to let
+  // the Python layer deliver Ctrl-C. It may throw; the communicator is then aborted.
+  std::function<void()> on_idle;
 };
 
 struct RunArgs {
@@ -35,7 +42,7 @@ struct RunArgs {
 
 class Executor {
  public:
-  Executor(Transport& transport, const WaitPolicy& policy)
+  Executor(Transport& transport, const ExecutorPolicy& policy)
       : t_(transport), policy_(policy), spin_budget_(policy.spin_polls) {}
 
   // Runs `plan` as collective number seq()+1. Throws pycoll::Error; on any error the communicator is
@@ -48,7 +55,7 @@ class Executor {
   [[noreturn]] void raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds);
 
   Transport& t_;
-  WaitPolicy policy_;
+  ExecutorPolicy policy_;
   uint32_t spin_budget_ = 0;  // adaptive, <= policy_.spin_polls
   uint64_t seq_ = 0;
 };

@@ -94,8 +94,13 @@ class NativeCommunicator {
  public:
   NativeCommunicator(int rank, int world, size_t slot_bytes, uint32_t slots, uint32_t spin_polls)
       : transport_(rank, world, ShmConfig{slot_bytes, slots}) {
-    WaitPolicy policy;
+    ExecutorPolicy policy;
     policy.spin_polls = spin_polls;
+    // Deliver Ctrl-C (and other Python signal handlers) to a rank stuck waiting for its peers.
+    policy.on_idle = [] {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    };
     executor_ = std::make_unique<Executor>(transport_, policy);
   }
 
@@ -184,6 +189,11 @@ PYBIND11_MODULE(_C, m) {
                py::arg("invalid_usage") = 4, py::arg("nccl") = 5, py::arg("broken") = 6, py::arg("system") = 7);
   m.def("reduce_isa", &cpu::reduce_isa, "instruction set of the CPU reduce loops in use");
   m.def("hardware_concurrency", [] { return std::thread::hardware_concurrency(); });
+  // The data address of a numpy array, without the dict that __array_interface__ builds on every call.
+  m.def("array_address", [](py::handle obj) {
+    if (!py::isinstance<py::array>(obj)) throw Error(ErrorKind::kInvalidUsage, "expected a numpy.ndarray");
+    return reinterpret_cast<uintptr_t>(py::reinterpret_borrow<py::array>(obj).data());
+  });
 
   py::class_<NativePlan, std::shared_ptr<NativePlan>>(m, "NativePlan")
       .def(py::init(&compile_plan), py::arg("table"), py::arg("starts"), py::arg("itemsize"), py::arg("input_count"),
