@@ -70,7 +70,7 @@ class Communicator:
         self.timeout = timeout
         self.settings = settings
         self._owned = owned  # store client / server this communicator closes at finalize
-        self._store: Store = PrefixStore(store, f"pycoll/comm{next(_comm_counter)}/")
+        self._store: Store = PrefixStore(store, f"pycoll/comm{next(_comm_counter)}")
         self._plans: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._async: ThreadPoolExecutor | None = None

@@ -72,7 +72,12 @@ class Settings:
         )
 
 
+#: Set to "1" by ``pycoll run``: the store at MASTER_ADDR:MASTER_PORT already exists (the launcher hosts
+#: it), so rank 0 connects to it instead of hosting one.
+LAUNCHER_STORE_VAR = "PYCOLL_LAUNCHER_STORE"
+
+
 def launcher_hosts_store(environ: Mapping[str, str] | None = None) -> bool:
     """True when ``pycoll run`` hosts the rendezvous store (rank 0 connects to it instead of hosting)."""
     env = os.environ if environ is None else environ
-    return env.get("PYCOLL_LAUNCHER_STORE", "0").strip() == "1"
+    return env.get(LAUNCHER_STORE_VAR, "0").strip() == "1"

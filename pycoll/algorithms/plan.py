@@ -26,8 +26,11 @@ sent on, so every rank receives the same already-divided bits. For other operato
 
 Execution order
     Steps run in order: step k+1 starts only when every op of step k is complete. Within a step,
-    pure SENDs progress independently of each other and of the receiving ops (full duplex). Every op
-    that receives (or COPY) completes in list order, which makes float reductions deterministic.
+    pure SENDs progress independently of the receiving ops (full duplex), except that messages to one
+    peer leave in list order (an op sending to a peer waits for the earlier ops of its step that send to
+    the same peer). Every op that receives (or COPY) completes in list order, which makes float
+    reductions deterministic, and may read what an earlier op of its step wrote; a SEND must not read a
+    region written in its own step (it is sent fragment by fragment, concurrently).
     Messages between an ordered pair of ranks are FIFO and are matched by position: the n-th message
     rank a sends to rank b is the n-th message b receives from a, and both sides must agree on its
     count (the executor checks, and raises CollectiveMismatchError otherwise).
@@ -104,7 +107,9 @@ class Op:
 
 
 # Columns of the int64 table handed to the native executor (csrc/engine/plan.h reads the same order).
-OP_COLUMNS = ("kind", "count", "send_peer", "recv_peer", "src_buf", "src_off", "dst_buf", "dst_off", "finalize")
+OP_COLUMNS = (
+    "kind", "count", "send_peer", "recv_peer", "src_buf", "src_off", "dst_buf", "dst_off", "finalize"
+)
 
 
 @dataclass(frozen=True)

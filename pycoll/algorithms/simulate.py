@@ -1,0 +1,376 @@
+"""Run every rank's plan in one process, on numpy arrays, exactly as plan.py defines it.
+
+This is the oracle the native executor is tested against, so it is strict rather than forgiving.
+
+Execution (plan.py, "Execution order"), as simulated:
+    * each rank runs its steps in order; step k+1 starts when every op of step k is complete;
+    * at the start of a step the rank posts its pure SENDs: their source is read then and the message
+      is in the channel at once (channels are unbounded, so a SEND never waits), except that messages
+      to one peer leave in list order within a step: a pure SEND listed after a fused op that sends to
+      the same peer is posted when that op completes (csrc/engine does the same);
+    * the other ops of the step (those that receive, and COPY) complete one after another in list order;
+      an op that receives waits until the next message from its ``recv_peer`` is there. A fused op
+      sends its value when it completes;
+    * each ordered pair of ranks is a FIFO channel; the n-th message a sends to b is the n-th b receives
+      from a, and the two must agree on the count.
+
+Reductions are computed as the native kernels compute them (csrc/kernels/reduce_ops.h): in the buffers'
+dtype, except float16 and bfloat16, which are computed in float32 and rounded once when stored.
+Integers wrap as numpy wraps them. Operators: sum, prod, min, max (NaN propagates), and avg, which
+reduces as sum and, at the op marked ``finalize``, divides the reduced value by the world size in the
+compute type (``v / C(world)``, a true division, not a multiplication by 1/world) before it is written
+or sent. avg needs a floating dtype. ``finalize`` is only allowed on ops that reduce (RECV_REDUCE,
+RECV_REDUCE_SEND, RECV_REDUCE_COPY_SEND): the executor divides inside its reduce kernel and nowhere else.
+
+Aliasing: for in-place collectives (allreduce, broadcast, barrier) INPUT and OUTPUT are one array;
+reduce_scatter and all_gather get separate arrays. ``inplace=`` overrides this (for example to check
+that an all-reduce plan is also correct when its buffers do not alias).
+
+Before running, every plan is checked (``check_plan``) and rejected with ``PlanError`` if:
+    * a peer is out of range or is the rank itself, or a region lies outside its buffer;
+    * it writes INPUT in an out-of-place collective, or an in-place plan has input_count != output_count;
+    * a pure SEND reads a region that another op of the same step writes (the SEND may still be reading
+      when the write happens, so the result would depend on timing);
+    * an op that does not reduce is marked ``finalize``.
+While running it raises ``DeadlockError`` (no rank can progress; the message says who waits for whom),
+``CountMismatchError`` (a message's count differs from the receiving op's) and, at the end,
+``UnmatchedMessageError`` (messages sent that nobody received).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from pycoll.algorithms.plan import READS_SRC, RECEIVES, SENDS, WRITES_DST, Buf, Op, OpKind, Plan
+
+INPLACE_COLLECTIVES = frozenset({"allreduce", "broadcast", "barrier"})
+OUT_OF_PLACE_COLLECTIVES = frozenset({"reduce_scatter", "all_gather"})
+
+REDUCE_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "sum": np.add,
+    "avg": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+
+REDUCING = frozenset({OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND})
+HALF_DTYPES = frozenset({"float16", "bfloat16"})  # stored in 16 bits, computed in float32
+
+
+class SimulationError(Exception):
+    """Base class of everything the simulator rejects."""
+
+
+class PlanError(SimulationError):
+    """A plan is malformed or ambiguous (found before anything runs)."""
+
+
+class DeadlockError(SimulationError):
+    """No rank can make progress and not every rank has finished."""
+
+
+class CountMismatchError(SimulationError):
+    """A message's element count differs from the count of the op that receives it."""
+
+
+class UnmatchedMessageError(SimulationError):
+    """Every rank finished but some messages were never received."""
+
+
+@dataclass
+class SimResult:
+    outputs: list[np.ndarray]
+    """OUTPUT of every rank (for in-place collectives the one array INPUT and OUTPUT share)."""
+    output_written: list[np.ndarray]
+    """Per rank, a bool mask of the OUTPUT elements that some op wrote."""
+    elements_per_link: dict[tuple[int, int], int]
+    """(src rank, dst rank) -> elements sent, summed over messages; links never used are absent."""
+    bytes_per_link: dict[tuple[int, int], int]
+    """elements_per_link times the itemsize (payload only, no headers)."""
+    messages_per_link: dict[tuple[int, int], int]
+    """(src rank, dst rank) -> number of messages (empty ones included)."""
+    steps_per_rank: list[int]
+    latency_hops: int
+    """Length of the longest chain of dependent messages, counting each message as one unit of time
+    and local work as free: the latency term of a cost model."""
+    finalized: list[list[tuple[Buf, int, int]]] = field(default_factory=list)
+    """Per rank, the (buffer, offset, count) regions written or sent by ops with finalize=True."""
+    heard_from: list[frozenset[int]] = field(default_factory=list)
+    """Per rank, the ranks whose messages causally precede its last op (itself included): for a
+    barrier, and for any collective that synchronises all ranks, every rank."""
+
+    @property
+    def max_steps(self) -> int:
+        return max(self.steps_per_rank, default=0)
+
+    def bytes_sent(self, rank: int) -> int:
+        return sum(b for (src, _), b in self.bytes_per_link.items() if src == rank)
+
+    def bytes_received(self, rank: int) -> int:
+        return sum(b for (_, dst), b in self.bytes_per_link.items() if dst == rank)
+
+
+def _is_inplace(plan: Plan, inplace: bool | None) -> bool:
+    if inplace is not None:
+        return inplace
+    if plan.collective in INPLACE_COLLECTIVES:
+        return True
+    if plan.collective in OUT_OF_PLACE_COLLECTIVES:
+        return False
+    raise ValueError(f"collective {plan.collective!r} is unknown to the simulator: pass inplace=True/False")
+
+
+def _where(step: int, index: int, op: Op) -> str:
+    return f"step {step} op {index} ({op.kind.name})"
+
+
+def check_plan(plan: Plan, inplace: bool) -> None:
+    """Static checks (see the module docstring); raises PlanError naming the step and op."""
+    rank, world = plan.rank, plan.world
+    sizes = {Buf.INPUT: plan.input_count, Buf.OUTPUT: plan.output_count}
+    if not 0 <= rank < world:
+        raise PlanError(f"plan rank {rank} is not in [0, {world})")
+    if inplace and plan.input_count != plan.output_count:
+        raise PlanError(f"rank {rank}: in-place plan has input_count {plan.input_count} != output_count "
+                        f"{plan.output_count}")
+
+    def space(buf: Buf) -> int:  # aliased buffers share one address space
+        return 0 if inplace else int(buf)
+
+    for k, step in enumerate(plan.steps):
+        writes: list[tuple[int, int, int, int]] = []  # (space, start, end, op index)
+        for i, op in enumerate(step):
+            where = f"rank {rank} {_where(k, i, op)}"
+            for peer in ((op.send_peer,) if op.kind in SENDS else ()) + (
+                    (op.recv_peer,) if op.kind in RECEIVES else ()):
+                if not 0 <= peer < world or peer == rank:
+                    raise PlanError(f"{where}: peer {peer} is not another rank of a world of {world}")
+            for used, (buf, off), what in ((op.kind in READS_SRC, op.src, "reads"),
+                                           (op.kind in WRITES_DST, op.dst, "writes")):
+                if used and not (0 <= off and off + op.count <= sizes[buf]):
+                    raise PlanError(f"{where} {what} {buf.name}[{off}:{off + op.count}] outside its "
+                                    f"{sizes[buf]} elements")
+            if op.kind in WRITES_DST:
+                if op.dst[0] == Buf.INPUT and not inplace:
+                    raise PlanError(f"{where} writes INPUT in out-of-place collective {plan.collective!r}")
+                if op.count:
+                    writes.append((space(op.dst[0]), op.dst[1], op.dst[1] + op.count, i))
+            if op.finalize and op.kind not in REDUCING:
+                raise PlanError(f"{where} is marked finalize but does not reduce; only RECV_REDUCE, "
+                                f"RECV_REDUCE_SEND and RECV_REDUCE_COPY_SEND can finalize")
+        for i, op in enumerate(step):
+            if op.kind != OpKind.SEND or not op.count:
+                continue
+            s, start, end = space(op.src[0]), op.src[1], op.src[1] + op.count
+            for ws, wstart, wend, j in writes:
+                if ws == s and wstart < end and start < wend:
+                    raise PlanError(f"rank {rank} {_where(k, i, op)} reads {op.src[0].name}[{start}:{end}] "
+                                    f"while op {j} of the same step writes [{wstart}:{wend}]")
+
+
+@dataclass
+class _Message:
+    data: np.ndarray
+    time: int  # latency-model time at which it was sent
+    know: int  # bitmask of the ranks the sender had heard from when it sent
+    step: int
+    index: int
+
+
+@dataclass
+class _Step:
+    """One step of one rank, split the way the executor walks it."""
+
+    in_order: list[tuple[int, Op]]  # receiving ops and COPYs, completing in list order
+    pure_sends: list[tuple[int, Op]]
+    after: dict[int, int]  # pure SEND index -> index of the previous op of the step sending to that peer
+
+
+def _split_step(step: tuple[Op, ...]) -> _Step:
+    last_sender: dict[int, int] = {}
+    after = {}
+    for i, o in enumerate(step):
+        if o.kind in SENDS:
+            if o.kind == OpKind.SEND and o.send_peer in last_sender:
+                after[i] = last_sender[o.send_peer]
+            last_sender[o.send_peer] = i
+    return _Step([(i, o) for i, o in enumerate(step) if o.kind != OpKind.SEND],
+                 [(i, o) for i, o in enumerate(step) if o.kind == OpKind.SEND], after)
+
+
+@dataclass
+class _Rank:
+    plan: Plan
+    buffers: dict[Buf, np.ndarray]
+    written: np.ndarray
+    steps: list[_Step]
+    know: int               # bitmask of the ranks heard from so far (causally)
+    step: int = 0
+    position: int = 0       # next op of steps[step].in_order
+    started: bool = False
+    posted: set[int] = field(default_factory=set)  # indices of the current step's ops that have sent
+    clock: int = 0          # when the current step started (latency model)
+    last_done: int = 0      # when the last in-order op of the current step completed
+    finalized: list[tuple[Buf, int, int]] = field(default_factory=list)
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype.name in HALF_DTYPES else dtype
+
+
+def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum", *,
+             inplace: bool | None = None) -> SimResult:
+    """Run ``plans[r]`` on ``inputs[r]`` for every rank r; see the module docstring."""
+    world = len(plans)
+    if world == 0:
+        raise ValueError("no plans")
+    if len(inputs) != world:
+        raise ValueError(f"{world} plans but {len(inputs)} inputs")
+    reduce = REDUCE_OPS.get(op)
+    if reduce is None:
+        raise ValueError(f"unknown op {op!r}; choose one of {', '.join(REDUCE_OPS)}")
+    dtype = np.asarray(inputs[0]).dtype
+    compute = _compute_dtype(dtype)
+    if op == "avg" and not np.issubdtype(compute, np.inexact):
+        raise ValueError(f"avg needs a floating dtype, got {dtype}")
+
+    ranks: list[_Rank] = []
+    for r, (plan, x) in enumerate(zip(plans, inputs)):
+        x = np.asarray(x)
+        if plan.rank != r or plan.world != world:
+            raise ValueError(f"plans[{r}] is for rank {plan.rank} of {plan.world}, "
+                             f"expected rank {r} of {world}")
+        if x.ndim != 1 or x.dtype != dtype:
+            raise ValueError(f"inputs[{r}] must be 1-D {dtype}, got shape {x.shape} dtype {x.dtype}")
+        if x.size != plan.input_count:
+            raise ValueError(f"inputs[{r}] has {x.size} elements, plan expects {plan.input_count}")
+        aliased = _is_inplace(plan, inplace)
+        check_plan(plan, aliased)
+        src = x.copy()
+        dst = src if aliased else np.zeros(plan.output_count, dtype=dtype)
+        ranks.append(_Rank(plan, {Buf.INPUT: src, Buf.OUTPUT: dst}, np.zeros(plan.output_count, dtype=bool),
+                           [_split_step(step) for step in plan.steps], know=1 << r))
+
+    channels: dict[tuple[int, int], deque[_Message]] = {}
+    elements: dict[tuple[int, int], int] = {}
+    messages: dict[tuple[int, int], int] = {}
+    divisor = compute.type(world)
+
+    def read(state: _Rank, o: Op) -> np.ndarray:
+        buf, off = o.src
+        return state.buffers[buf][off:off + o.count]
+
+    def combine(state: _Rank, o: Op, msg: np.ndarray) -> np.ndarray:
+        """What a receiving op writes / sends: the message, or src (+) message (finalized)."""
+        if o.kind not in REDUCING:
+            return msg
+        value = reduce(read(state, o).astype(compute, copy=False), msg.astype(compute, copy=False))
+        if o.finalize:
+            state.finalized.append((o.dst[0], o.dst[1], o.count) if o.kind in WRITES_DST else
+                                   (o.src[0], o.src[1], o.count))
+            if op == "avg":
+                value = value / divisor
+        return value.astype(dtype, copy=False)
+
+    def emit(state: _Rank, o: Op, value: np.ndarray, time: int, k: int, i: int) -> None:
+        """Write and send ``value`` as op ``o`` says."""
+        if o.kind in WRITES_DST:
+            buf, off = o.dst
+            state.buffers[buf][off:off + o.count] = value
+            if buf == Buf.OUTPUT or state.buffers[Buf.INPUT] is state.buffers[Buf.OUTPUT]:
+                state.written[off:off + o.count] = True
+        if o.kind in SENDS:
+            link = (state.plan.rank, o.send_peer)
+            message = _Message(np.array(value, copy=True), time, state.know, k, i)
+            channels.setdefault(link, deque()).append(message)
+            elements[link] = elements.get(link, 0) + o.count
+            messages[link] = messages.get(link, 0) + 1
+            state.posted.add(i)
+
+    def post_sends(state: _Rank, k: int, time: int) -> None:
+        """Post the pure SENDs of step k whose turn has come (list order per peer)."""
+        step = state.steps[k]
+        for i, o in step.pure_sends:
+            previous = step.after.get(i)
+            if i not in state.posted and (previous is None or previous in state.posted):
+                emit(state, o, read(state, o).copy(), time, k, i)
+
+    with np.errstate(all="ignore"):
+        active = list(ranks)
+        while active:
+            progressed = False
+            for state in active:
+                while state.step < len(state.steps):
+                    k = state.step
+                    step = state.steps[k]
+                    if not state.started:
+                        state.started = True
+                        state.last_done = state.clock
+                        post_sends(state, k, state.clock)
+                        progressed = True
+                    while state.position < len(step.in_order):
+                        i, o = step.in_order[state.position]
+                        if o.kind == OpKind.COPY:
+                            emit(state, o, read(state, o).copy(), state.last_done, k, i)
+                        else:
+                            link = (o.recv_peer, state.plan.rank)
+                            queue = channels.get(link)
+                            if not queue:
+                                break
+                            msg = queue.popleft()
+                            if msg.data.size != o.count:
+                                raise CountMismatchError(
+                                    f"rank {link[1]} {_where(k, i, o)} expects {o.count} elements from rank "
+                                    f"{link[0]}, whose message (its step {msg.step} op {msg.index}) has "
+                                    f"{msg.data.size}")
+                            state.know |= msg.know
+                            state.last_done = max(state.last_done, msg.time + 1)
+                            emit(state, o, combine(state, o, msg.data), state.last_done, k, i)
+                            if o.kind in SENDS and step.after:  # pure SENDs queued behind this op
+                                post_sends(state, k, state.last_done)
+                        state.position += 1
+                        progressed = True
+                    if state.position < len(step.in_order):
+                        break
+                    state.step, state.position, state.started = k + 1, 0, False
+                    state.posted = set()
+                    state.clock = state.last_done
+                    progressed = True
+            active = [s for s in active if s.step < len(s.steps)]
+            if active and not progressed:
+                raise DeadlockError(_deadlock_report(active, channels))
+
+    leftover = [(link, len(q), q[0]) for link, q in sorted(channels.items()) if q]
+    if leftover:
+        text = "; ".join(f"rank {a} -> rank {b}: {n} message(s), the first from its step {m.step} "
+                         f"op {m.index} ({m.data.size} elements)" for (a, b), n, m in leftover)
+        raise UnmatchedMessageError(f"messages sent but never received: {text}")
+
+    itemsize = dtype.itemsize
+    return SimResult(
+        outputs=[s.buffers[Buf.OUTPUT] for s in ranks],
+        output_written=[s.written for s in ranks],
+        elements_per_link=dict(elements),
+        bytes_per_link={link: n * itemsize for link, n in elements.items()},
+        messages_per_link=dict(messages),
+        steps_per_rank=[len(s.steps) for s in ranks],
+        latency_hops=max((s.clock for s in ranks), default=0),
+        finalized=[s.finalized for s in ranks],
+        heard_from=[frozenset(r for r in range(world) if s.know >> r & 1) for s in ranks],
+    )
+
+
+def _deadlock_report(blocked: list[_Rank], channels: dict[tuple[int, int], deque[_Message]]) -> str:
+    lines = []
+    for state in blocked:
+        i, o = state.steps[state.step].in_order[state.position]
+        lines.append(f"rank {state.plan.rank} {_where(state.step, i, o)} waits for a message of {o.count} "
+                     f"from rank {o.recv_peer}")
+    pending = [f"{a}->{b}: {len(q)}" for (a, b), q in sorted(channels.items()) if q]
+    return ("deadlock: no rank can progress. " + "; ".join(lines)
+            + (f". Undelivered messages per link: {', '.join(pending)}" if pending else ""))

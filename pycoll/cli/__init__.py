@@ -1,0 +1,1 @@
+"""The ``pycoll`` command line: ``pycoll run | bench | doctor | model`` (see pycoll/cli/main.py)."""
