@@ -96,7 +96,7 @@ class Communicator:
         if spin is None:
             spin = DEFAULT_SPIN_POLLS if world_size <= _usable_cpus() else 0
         self._native = _C.NativeCommunicator(
-            rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin
+            rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin, settings.stream_bytes
         )
         self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
         pids, fds = [], []

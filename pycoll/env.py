@@ -8,6 +8,8 @@
 | PYCOLL_SHM_SLOTS       | slots per shared-memory ring (per ordered pair of ranks)       | 8       |
 | PYCOLL_SPIN            | polls before a waiting rank sleeps; ``auto`` spins only when   | auto    |
 |                        | every local rank has a CPU of its own                          |         |
+| PYCOLL_STREAM_BYTES   | collectives with outputs at least this large write results with |         |
+|                        | non-temporal stores (they would not stay in cache anyway)       | 8 MiB   |
 | PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
@@ -26,6 +28,7 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SLOT_BYTES = 64 * 1024
 DEFAULT_SLOTS = 8
 DEFAULT_SPIN_POLLS = 4000
+DEFAULT_STREAM_BYTES = 8 << 20
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 
 
@@ -36,6 +39,7 @@ class Settings:
     shm_slot_bytes: int = DEFAULT_SLOT_BYTES
     shm_slots: int = DEFAULT_SLOTS
     spin_polls: int | None = None  # None: decide from the number of CPUs and local ranks
+    stream_bytes: int = DEFAULT_STREAM_BYTES
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -69,6 +73,7 @@ class Settings:
             shm_slot_bytes=slot_bytes,
             shm_slots=int(number("PYCOLL_SHM_SLOTS", DEFAULT_SLOTS, int, 2)),
             spin_polls=spin,
+            stream_bytes=int(number("PYCOLL_STREAM_BYTES", DEFAULT_STREAM_BYTES, int, 0)),
         )
 
 

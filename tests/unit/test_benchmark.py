@@ -1,0 +1,488 @@
+"""The benchmark timing loop (pycoll/benchmark.py) with fake communicators: no processes, no native code."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycoll import benchmark as bm
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = {"min_bytes": 64, "max_bytes": 1024, "factor": 4, "iters": 3, "warmup": 1}
+
+
+def _identity(x: np.ndarray) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
+
+
+def _same(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+class ThreadWorld:
+    """``n`` ranks as threads of this process, with a correct sum / max all-reduce and a barrier."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._barrier = threading.Barrier(n, timeout=30)
+        self._slots: list[np.ndarray | None] = [None] * n
+
+    def barrier(self) -> None:
+        self._barrier.wait()
+
+    def _reduce(self, rank: int, x: np.ndarray, op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+        self._slots[rank] = x.copy()
+        self._barrier.wait()
+        total = self._slots[0]
+        assert total is not None
+        for other in self._slots[1:]:
+            assert other is not None
+            total = op(total, other)
+        self._barrier.wait()  # everyone has read every slot before anyone writes the next one
+        x[...] = total
+
+    def allreduce(self, rank: int, x: np.ndarray) -> None:
+        self._reduce(rank, x, np.add)
+
+    def reduce_max(self, rank: int, a: np.ndarray) -> np.ndarray:
+        self._reduce(rank, a, np.maximum)
+        return a
+
+    def run(self, body: Callable[[int], list[bm.Result]]) -> list[list[bm.Result]]:
+        """Run ``body(rank)`` on every rank; return each rank's results, re-raising a rank's error."""
+        out: list[list[bm.Result] | None] = [None] * self.n
+        errors: list[BaseException] = []
+
+        def target(rank: int) -> None:
+            try:
+                out[rank] = body(rank)
+            except BaseException as e:  # forwarded to the test below
+                errors.append(e)
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=target, args=(r,)) for r in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if errors:
+            raise errors[0]
+        assert all(r is not None for r in out)
+        return [r for r in out if r is not None]
+
+
+def _sweep_world(
+    n: int, allreduce: Callable[[ThreadWorld, int, np.ndarray], None] | None = None, **kwargs: object
+) -> list[list[bm.Result]]:
+    world = ThreadWorld(n)
+    reduce_fn = allreduce or (lambda w, r, x: w.allreduce(r, x))
+
+    def body(rank: int) -> list[bm.Result]:
+        return bm.run_allreduce_sweep(
+            lambda x: reduce_fn(world, rank, x),
+            world.barrier,
+            lambda a: world.reduce_max(rank, a),
+            rank,
+            n,
+            **{**SMALL, **kwargs},  # type: ignore[arg-type]
+        )
+
+    return world.run(body)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sweep
+
+
+def test_identity_on_world_1_is_correct() -> None:
+    results = bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert [r.bytes for r in results] == [64, 256, 1024]
+    assert [r.count for r in results] == [16, 64, 256]
+    for r in results:
+        assert r.wrong == 0
+        assert r.dtype == "float32"
+        assert r.redop == "sum"
+        assert r.world == 1
+        assert (r.iters, r.warmup) == (3, 1)
+        assert r.time_us > 0
+        assert r.busbw_GBps == 0.0  # nothing crosses a link on one rank
+
+
+def test_default_sweep_is_4k_to_64m() -> None:
+    sizes = bm.sweep_sizes(4096, 64 << 20, 2)
+    assert sizes[0] == 4096 and sizes[-1] == 64 << 20 and len(sizes) == 15
+
+
+def test_wrong_allreduce_counts_every_element() -> None:
+    def off_by_one(x: np.ndarray) -> None:
+        x += 1
+
+    results = bm.run_allreduce_sweep(off_by_one, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert [r.wrong for r in results] == [r.count for r in results]
+
+
+def test_wrong_allreduce_counts_single_element() -> None:
+    def last_wrong(x: np.ndarray) -> None:
+        x[-1] = -5
+
+    results = bm.run_allreduce_sweep(last_wrong, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert [r.wrong for r in results] == [1, 1, 1]
+
+
+def test_nan_counts_as_wrong() -> None:
+    def nan_first(x: np.ndarray) -> None:
+        x[0] = np.nan
+
+    results = bm.run_allreduce_sweep(nan_first, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert all(r.wrong == 1 for r in results)
+
+
+def test_one_bad_iteration_is_reported_not_multiplied() -> None:
+    calls = 0
+
+    def wrong_once(x: np.ndarray) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # a timed iteration of the first size (1 warm-up, then 3 timed)
+            x[:5] = 0
+
+    results = bm.run_allreduce_sweep(wrong_once, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert [r.wrong for r in results] == [5, 0, 0]
+
+
+def test_wrong_warmup_iteration_is_reported() -> None:
+    calls = 0
+
+    def wrong_first(x: np.ndarray) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            x[:2] = 0
+
+    results = bm.run_allreduce_sweep(wrong_first, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert results[0].wrong == 2
+
+
+def test_input_is_refilled_between_iterations_only_when_checking() -> None:
+    seen: list[float] = []
+
+    def double(x: np.ndarray) -> None:
+        seen.append(float(x[0]))
+        x *= 2
+
+    kwargs = {**SMALL, "max_bytes": 64}
+    bm.run_allreduce_sweep(double, _nothing, _same, 0, 1, check=True, **kwargs)  # type: ignore[arg-type]
+    assert seen == [1.0] * 4  # rank 0's x[0] is 1 before every call
+    seen.clear()
+    results = bm.run_allreduce_sweep(double, _nothing, _same, 0, 1, check=False, **kwargs)  # type: ignore[arg-type]
+    assert seen == [1.0, 2.0, 4.0, 8.0]
+    assert results[0].wrong is None
+
+
+def test_same_array_object_within_a_size() -> None:
+    ids: dict[int, set[int]] = {}
+
+    def record(x: np.ndarray) -> None:
+        ids.setdefault(x.size, set()).add(id(x))
+
+    bm.run_allreduce_sweep(record, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert all(len(s) == 1 for s in ids.values())
+
+
+def test_barrier_before_every_iteration() -> None:
+    events: list[str] = []
+    kwargs = {**SMALL, "max_bytes": 64}
+    bm.run_allreduce_sweep(
+        lambda x: events.append("a"),
+        lambda: events.append("b"),
+        _same,
+        0,
+        1,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert events == ["b", "a"] * 4
+
+
+def test_threaded_world_correct() -> None:
+    per_rank = _sweep_world(3)
+    for results in per_rank:
+        assert [r.wrong for r in results] == [0, 0, 0]
+        assert all(r.world == 3 for r in results)
+    # every rank returns the same combined measurements
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+
+
+def test_threaded_world_counts_wrong_across_ranks() -> None:
+    def rank1_skips(world: ThreadWorld, rank: int, x: np.ndarray) -> None:
+        saved = x.copy()
+        world.allreduce(rank, x)
+        if rank == 1:
+            x[...] = saved  # rank 1 keeps its own input: every element wrong on one rank
+
+    per_rank = _sweep_world(3, rank1_skips)
+    assert [r.wrong for r in per_rank[0]] == [16, 64, 256]
+
+    def all_off(world: ThreadWorld, rank: int, x: np.ndarray) -> None:
+        world.allreduce(rank, x)
+        x[0] += 1
+
+    per_rank = _sweep_world(4, all_off)
+    assert [r.wrong for r in per_rank[0]] == [4, 4, 4]
+
+
+def test_time_is_the_slowest_rank() -> None:
+    delay = 0.02
+
+    def rank2_slow(world: ThreadWorld, rank: int, x: np.ndarray) -> None:
+        world.allreduce(rank, x)
+        if rank == 2:
+            time.sleep(delay)
+
+    per_rank = _sweep_world(3, rank2_slow, max_bytes=64)
+    assert per_rank[0][0].time_us >= delay * 1e6
+    assert per_rank[1][0].time_us == per_rank[2][0].time_us
+
+
+def test_time_is_median_over_iterations() -> None:
+    durations = iter([0.0, 0.001, 0.05, 0.001, 0.001])  # warm-up (slow or not), then 4 timed
+
+    def variable(x: np.ndarray) -> None:
+        time.sleep(next(durations))
+
+    results = bm.run_allreduce_sweep(
+        variable, _nothing, _same, 0, 1, min_bytes=64, max_bytes=64, iters=4, warmup=1
+    )
+    assert 1000 <= results[0].time_us < 20000  # the one 50 ms outlier does not move the median
+
+
+def test_default_iteration_counts_scale_down_with_size() -> None:
+    sizes = bm.sweep_sizes(4096, 64 << 20, 2)
+    iters = [bm.default_iters(s) for s in sizes]
+    assert iters == sorted(iters, reverse=True)
+    assert iters[0] == 100 and iters[-1] == 5
+    assert all(bm.default_warmup(s) >= 2 for s in sizes)
+    # the whole default sweep moves a bounded amount of data per rank
+    moved = sum(s * (bm.default_iters(s) + bm.default_warmup(s)) for s in sizes)
+    assert moved < 3 << 30
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16])
+def test_closed_form_matches_sum_of_inputs(world: int) -> None:
+    count = 1000
+    total = np.zeros(count, dtype=np.float32)
+    for r in range(world):
+        total += bm.rank_input(r, count)
+    np.testing.assert_array_equal(total, bm.expected_sum(world, count))
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError):
+        bm.run_allreduce_sweep(_identity, _nothing, _same, 1, 1)
+    with pytest.raises(ValueError):
+        bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, iters=0)
+    with pytest.raises(ValueError):
+        bm.sweep_sizes(4096, 1024, 2)
+    with pytest.raises(ValueError):
+        bm.sweep_sizes(4096, 8192, 1)
+    assert bm.sweep_sizes(1, 3, 1.1) == [1, 2, 3]  # a small factor still makes progress
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figures and output
+
+
+@pytest.mark.parametrize(("world", "factor"), [(1, 0.0), (2, 1.0), (3, 4 / 3), (4, 1.5), (8, 1.75)])
+def test_busbw_formula(world: int, factor: float) -> None:
+    assert bm.bus_factor(world) == pytest.approx(factor)
+    r = bm.make_result(1_000_000, 250_000, np.float32, 100.0, world, wrong=0)
+    assert r.algbw_GBps == pytest.approx(10.0)  # 1e6 B in 100 us = 1e10 B/s
+    assert r.busbw_GBps == pytest.approx(10.0 * factor)
+
+
+def test_format_table() -> None:
+    results = [
+        bm.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0),
+        bm.make_result(64 << 20, 16 << 20, np.float32, 12345.678, 4, wrong=3),
+    ]
+    text = bm.format_table(results, "pycoll, 4 ranks")
+    lines = text.splitlines()
+    assert lines[0] == "# pycoll, 4 ranks"
+    for name in ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"):
+        assert name in lines[1]
+    assert "(us)" in lines[2] and "(GB/s)" in lines[2]
+    assert lines[3].split() == ["4096", "1024", "float32", "sum", "2.50", "1.64", "2.46", "0"]
+    assert lines[4].split() == ["67108864", "16777216", "float32", "sum", "12345.68", "5.44", "8.15", "3"]
+    assert lines[5] == "# Out of bounds values : 3"
+    assert lines[6].startswith("# Avg bus bandwidth")
+    # the columns line up: every value ends where its header ends
+    assert _word_ends(" " + lines[1][1:]) == _word_ends(lines[3]) == _word_ends(lines[4])
+
+
+def _word_ends(line: str) -> list[int]:
+    return [i + 1 for i, c in enumerate(line) if c != " " and (i + 1 == len(line) or line[i + 1] == " ")]
+
+
+def test_format_unchecked_row() -> None:
+    r = bm.make_result(4096, 1024, np.float32, 2.5, 2, wrong=None)
+    assert bm.format_row(r).split()[-1] == "N/A"
+    assert "N/A" in bm.format_footer([r])
+
+
+def test_json_lines_round_trip() -> None:
+    results = [bm.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0, iters=10, warmup=2)]
+    text = bm.format_json_lines(results, library="mpi", algorithm="default")
+    assert text.endswith("\n") and text.count("\n") == 1
+    (record,) = bm.read_json_lines(text)
+    assert record["library"] == "mpi" and record["algorithm"] == "default"
+    assert bm.Result(**{k: v for k, v in record.items() if k not in ("library", "algorithm")}) == results[0]
+    json.dumps(record)
+
+
+def test_run_and_report(tmp_path: Path) -> None:
+    lines: list[str] = []
+    parser = argparse.ArgumentParser()
+    bm.add_sweep_arguments(parser)
+    out = tmp_path / "r.jsonl"
+    args = parser.parse_args(["-b", "64", "-e", "256", "-f", "4", "-n", "2", "-w", "0", "--json", str(out)])
+    results = bm.run_and_report(
+        _identity, _nothing, _same, 0, 1, args, title="t", meta={"library": "x"}, print_fn=lines.append
+    )
+    assert len(results) == 2
+    printed = "\n".join(lines).splitlines()
+    assert printed[0] == "# t" and len(printed) == 3 + 2 + 2  # title + header, 2 rows, footer
+    records = bm.read_json_lines(out.read_text())
+    assert [r["bytes"] for r in records] == [64, 256] and all(r["library"] == "x" for r in records)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command-line helpers
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("4096", 4096),
+        ("4K", 4096),
+        ("4k", 4096),
+        ("4KiB", 4096),
+        ("4KB", 4096),
+        ("64M", 64 << 20),
+        ("1G", 1 << 30),
+        ("0.5K", 512),
+        ("100B", 100),
+    ],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert bm.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "K", "abc", "-4K", "0", "1.5"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        bm.parse_size(text)
+
+
+def test_format_size() -> None:
+    assert bm.format_size(4096) == "4 KiB"
+    assert bm.format_size(64 << 20) == "64 MiB"
+    assert bm.format_size(1000) == "1000 B"
+
+
+def test_sweep_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    bm.add_sweep_arguments(parser)
+    kwargs = bm.sweep_kwargs(parser.parse_args([]))
+    assert kwargs == {
+        "min_bytes": 4096,
+        "max_bytes": 64 << 20,
+        "factor": 2,
+        "iters": None,
+        "warmup": None,
+        "check": True,
+    }
+    kwargs = bm.sweep_kwargs(parser.parse_args("-b 1M -e 8M -f 4 -n 7 -w 0 -c 0".split()))
+    assert kwargs == {
+        "min_bytes": 1 << 20,
+        "max_bytes": 8 << 20,
+        "factor": 4,
+        "iters": 7,
+        "warmup": 0,
+        "check": False,
+    }
+
+
+def test_memcpy_bandwidth() -> None:
+    figures = bm.memcpy_bandwidth(1 << 20, repeats=3)
+    assert figures["copy_GBps"] > 0
+    assert figures["rw_GBps"] == pytest.approx(2 * figures["copy_GBps"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Independence from the rest of pycoll (the baselines load this file without pycoll's native module)
+
+
+def test_benchmark_module_imports_nothing_from_pycoll() -> None:
+    tree = ast.parse((REPO / "pycoll" / "benchmark.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not any(a.name.split(".")[0] == "pycoll" for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and (node.module or "").split(".")[0] != "pycoll"
+
+
+def test_baselines_load_the_module_standalone() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, 'bench/baselines'); from _common import load_benchmark; "
+        "bm = load_benchmark(); assert 'pycoll' not in sys.modules, sorted(sys.modules); "
+        "print(bm.format_size(4096))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "4 KiB"
+
+
+def test_time_budget_lowers_automatic_iteration_counts() -> None:
+    def slow(x: np.ndarray) -> None:
+        time.sleep(0.002)
+
+    (r,) = bm.run_allreduce_sweep(
+        slow, _nothing, _same, 0, 1, min_bytes=4096, max_bytes=4096, time_budget_s=0.02
+    )
+    assert r.warmup == 20 and 5 <= r.iters <= 10  # 100 by default; ~0.02 s / 2 ms
+    (r,) = bm.run_allreduce_sweep(
+        _identity, _nothing, _same, 0, 1, min_bytes=4096, max_bytes=4096, time_budget_s=0.02
+    )
+    assert r.iters == 100  # fast enough: the default count stands
+    (r,) = bm.run_allreduce_sweep(
+        slow, _nothing, _same, 0, 1, min_bytes=4096, max_bytes=4096, iters=30, time_budget_s=0.02
+    )
+    assert r.iters == 30  # an explicit count is never changed
+
+
+def test_time_budget_gives_every_rank_the_same_count() -> None:
+    def rank0_slow(world: ThreadWorld, rank: int, x: np.ndarray) -> None:
+        world.allreduce(rank, x)
+        if rank == 0:
+            time.sleep(0.002)
+
+    per_rank = _sweep_world(
+        3, rank0_slow, min_bytes=4096, max_bytes=4096, iters=None, warmup=None, time_budget_s=0.02
+    )
+    counts = {results[0].iters for results in per_rank}
+    assert len(counts) == 1 and counts.pop() <= 10
+    assert all(results[0].wrong == 0 for results in per_rank)
