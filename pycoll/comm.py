@@ -17,7 +17,7 @@ from pycoll import _C
 from pycoll.algorithms import build_plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
-from pycoll.env import DEFAULT_SPIN_POLLS, Settings
+from pycoll.env import DEFAULT_SPIN_POLLS, DEFAULT_YIELD_US, Settings
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 
 log = logging.getLogger("pycoll")
@@ -92,11 +92,18 @@ class Communicator:
         self.local_rank = rank
         self.local_world_size = world_size
 
+        # Every rank on a core of its own: poll briefly before sleeping. More ranks than cores: never
+        # spin (it steals the core the peer needs) but yield for a while before sleeping.
+        oversubscribed = world_size > _usable_cpus()
         spin = settings.spin_polls
         if spin is None:
-            spin = DEFAULT_SPIN_POLLS if world_size <= _usable_cpus() else 0
+            spin = 0 if oversubscribed else DEFAULT_SPIN_POLLS
+        yield_us = settings.yield_us
+        if yield_us is None:
+            yield_us = DEFAULT_YIELD_US if oversubscribed else 0
         self._native = _C.NativeCommunicator(
-            rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin, settings.stream_bytes
+            rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin, int(yield_us * 1000),
+            settings.stream_bytes,
         )
         self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
         pids, fds = [], []
@@ -112,12 +119,13 @@ class Communicator:
         self.segment_bytes = int(self._native.segment_bytes)
         log.info(
             "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
-            "spin %d polls, reduce loops %s",
+            "spin %d polls, yield %d us, reduce loops %s",
             rank,
             world_size,
             settings.shm_slots,
             settings.shm_slot_bytes // 1024,
             spin,
+            yield_us,
             _C.reduce_isa(),
         )
 

@@ -8,6 +8,8 @@
 | PYCOLL_SHM_SLOTS       | slots per shared-memory ring (per ordered pair of ranks)       | 8       |
 | PYCOLL_SPIN            | polls before a waiting rank sleeps; ``auto`` spins only when   | auto    |
 |                        | every local rank has a CPU of its own                          |         |
+| PYCOLL_YIELD_US       | microseconds a waiting rank yields its core before sleeping;  | auto    |
+|                        | ``auto``: 200 when ranks outnumber CPUs, else 0                 |         |
 | PYCOLL_STREAM_BYTES   | collectives with outputs at least this large write results with |         |
 |                        | non-temporal stores (they would not stay in cache anyway)       | 8 MiB   |
 | PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
@@ -29,6 +31,7 @@ DEFAULT_SLOT_BYTES = 64 * 1024
 DEFAULT_SLOTS = 8
 DEFAULT_SPIN_POLLS = 4000
 DEFAULT_STREAM_BYTES = 8 << 20
+DEFAULT_YIELD_US = 200
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 
 
@@ -40,6 +43,7 @@ class Settings:
     shm_slots: int = DEFAULT_SLOTS
     spin_polls: int | None = None  # None: decide from the number of CPUs and local ranks
     stream_bytes: int = DEFAULT_STREAM_BYTES
+    yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -67,12 +71,15 @@ class Settings:
             raise InvalidUsageError(f"PYCOLL_SHM_SLOT_BYTES must be a multiple of 64, got {slot_bytes}")
         spin_raw = env.get("PYCOLL_SPIN", "auto").strip().lower()
         spin = None if spin_raw in ("", "auto") else int(number("PYCOLL_SPIN", 0, int, 0))
+        yield_raw = env.get("PYCOLL_YIELD_US", "auto").strip().lower()
+        yield_us = None if yield_raw in ("", "auto") else int(number("PYCOLL_YIELD_US", 0, int, 0))
         return cls(
             timeout_s=float(number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT_S, float, 0.001)),
             debug=debug,
             shm_slot_bytes=slot_bytes,
             shm_slots=int(number("PYCOLL_SHM_SLOTS", DEFAULT_SLOTS, int, 2)),
             spin_polls=spin,
+            yield_us=yield_us,
             stream_bytes=int(number("PYCOLL_STREAM_BYTES", DEFAULT_STREAM_BYTES, int, 0)),
         )
 

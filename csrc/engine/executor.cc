@@ -1,5 +1,7 @@
 #include "engine/executor.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -86,12 +88,20 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       std::memcpy(dst, src, n);
   };
   const size_t n_ops = plan.ops.size();
-  std::vector<uint64_t> pos(n_ops, 0);  // bytes done (sent for SEND, received for the others)
-  std::vector<uint8_t> done(n_ops, 0);
+  std::vector<uint64_t>& pos = pos_;  // bytes done (sent for SEND, received for the others)
+  std::vector<uint8_t>& done = done_;
+  pos.assign(n_ops, 0);
+  done.assign(n_ops, 0);
 
   WaitContext ctx{seq, &a.desc, -1};
+  std::vector<WaitItem>& waits = waits_;  // what blocked this pass, for Transport::wait
+  auto fragments_left = [frag_bytes](uint64_t bytes) {
+    return static_cast<uint32_t>(std::max<uint64_t>(1, (bytes + frag_bytes - 1) / frag_bytes));
+  };
   uint32_t spins = 0;
   bool slept = false;  // whether the current wait already went to sleep
+  bool idle = false;   // whether this rank is in a wait (idle_since is its start)
+  Clock::time_point idle_since = start;
   int64_t slice = policy_.first_slice_ns;
   Clock::time_point last_progress = start;
 
@@ -103,6 +113,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       void* room = t_.acquire_send(op.send_peer);
       if (!room) {
         ctx.waiting_on_peer = op.send_peer;
+        waits.push_back({op.send_peer, true, fragments_left(op.bytes - pos[i])});
         break;
       }
       uint64_t n = std::min<uint64_t>(frag_bytes, op.bytes - pos[i]);
@@ -129,6 +140,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       const uint8_t* frag = static_cast<const uint8_t*>(t_.peek_recv(op.recv_peer, &h));
       if (!frag) {
         ctx.waiting_on_peer = op.recv_peer;
+        waits.push_back({op.recv_peer, false, fragments_left(op.bytes - pos[i])});
         break;
       }
       if (h.seq != seq || h.desc_hash != hash || h.msg_bytes != op.bytes || h.offset != pos[i] ||
@@ -139,6 +151,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         room = t_.acquire_send(op.send_peer);
         if (!room) {
           ctx.waiting_on_peer = op.send_peer;
+          waits.push_back({op.send_peer, true, 1});
           break;
         }
       }
@@ -179,7 +192,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
     const size_t b = plan.step_begin[s], e = plan.step_begin[s + 1];
     size_t next_recv = b;  // receiving ops (and COPY) complete in list order
     for (;;) {
-      const uint32_t token = t_.progress_token();
+      waits.clear();
       bool progressed = false;
       bool sends_done = true;
       for (size_t i = b; i < e; ++i) {
@@ -215,13 +228,22 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         if (spins > 0 && !slept) spin_budget_ = std::min(policy_.spin_polls, spin_budget_ * 2 + 64);
         spins = 0;
         slept = false;
+        idle = false;
         slice = policy_.first_slice_ns;
         last_progress = now;
         continue;
       }
+      if (!idle) {
+        idle = true;
+        idle_since = now;
+      }
       if (spins < spin_budget_) {
         ++spins;
         cpu_relax();
+        continue;
+      }
+      if (ns_between(idle_since, now) < policy_.yield_ns) {
+        sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
         continue;
       }
       if (!slept && spins > 0) spin_budget_ /= 2;  // spinning did not pay off this time
@@ -234,7 +256,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         last_progress = now;
         slice = std::min(slice * 2, policy_.max_slice_ns);
       }
-      t_.wait_progress(token, std::min<int64_t>(slice, ns_between(now, deadline)));
+      t_.wait(waits.data(), waits.size(), std::min<int64_t>(slice, ns_between(now, deadline)));
     }
   }
   if (stream_outputs) cpu::stream_fence();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "cpu/reduce.h"
 #include "engine/descriptor.h"
@@ -19,6 +20,10 @@ struct ExecutorPolicy {
   // then). The executor adapts below this: a spin that ends in sleep anyway halves the next one, so a
   // loaded machine stops spinning by itself.
   uint32_t spin_polls = 0;
+  // Then, for this long, yield the core instead of sleeping. With more ranks than cores the peer this
+  // rank waits for is usually runnable on the same core: a yield lets it run at once, while a sleep
+  // costs a futex wake-up and, in a VM, an inter-processor interrupt to an idle vCPU.
+  int64_t yield_ns = 0;
   // First sleep slice; it doubles up to max_slice_ns. Health checks (dead peers, published mismatches,
   // aborts) run after each slice that passed without progress.
   int64_t first_slice_ns = 2'000'000;
@@ -58,6 +63,10 @@ class Executor {
   ExecutorPolicy policy_;
   uint32_t spin_budget_ = 0;  // adaptive, <= policy_.spin_polls
   uint64_t seq_ = 0;
+  // Per-run state, kept to avoid allocating on every collective.
+  std::vector<uint64_t> pos_;
+  std::vector<uint8_t> done_;
+  std::vector<WaitItem> waits_;
 };
 
 }  // namespace pycoll

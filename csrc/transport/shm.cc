@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -34,6 +35,15 @@ int64_t pidfd_open(int pid) {
 
 }  // namespace
 
+constexpr uint32_t kMaxWaitEntries = 16;
+constexpr uint32_t kWakeOnAnything = ~0u;  // n_waits value: the sleeper wants every event
+
+struct WaitEntry {
+  std::atomic<int32_t> peer;
+  std::atomic<uint32_t> room;
+  std::atomic<uint64_t> target;  // the peer's counter value that satisfies it (head for data, tail for room)
+};
+
 struct alignas(64) DescSlot {
   std::atomic<uint64_t> seq;  // 0 while being written
   Descriptor desc;
@@ -48,9 +58,11 @@ struct ShmTransport::ControlBlock {
   int32_t pid;
   uint64_t slot_bytes;
   uint32_t slots;
-  // Bumped by every peer that gives this rank something to do; the owner sleeps on it.
-  alignas(64) std::atomic<uint32_t> doorbell;
-  std::atomic<uint32_t> sleepers;
+  // The owner sleeps on wake_word; while `sleeping`, waits[0..n_waits) say what would wake it.
+  alignas(64) std::atomic<uint32_t> wake_word;
+  std::atomic<uint32_t> sleeping;
+  std::atomic<uint32_t> n_waits;
+  WaitEntry waits[kMaxWaitEntries];
   // The last collective this rank entered (0: none yet).
   alignas(64) std::atomic<uint64_t> entered_seq;
   DescSlot descs[kDescRing];
@@ -108,8 +120,9 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
   cb->pid = static_cast<int32_t>(getpid());
   cb->slot_bytes = config.slot_bytes;
   cb->slots = config.slots;
-  cb->doorbell.store(0);
-  cb->sleepers.store(0);
+  cb->wake_word.store(0);
+  cb->sleeping.store(0);
+  cb->n_waits.store(0);
   cb->entered_seq.store(0);
   for (auto& d : cb->descs) d.seq.store(0);
   cb->abort_state.store(0);
@@ -213,7 +226,7 @@ void ShmTransport::commit_send(int peer, const FragHeader& h) {
   Channel* ch = channel(rank_, peer);
   std::memcpy(slot(ch, send_head_[peer]), &h, sizeof h);
   ch->head.store(++send_head_[peer], std::memory_order_release);
-  ring(peer);
+  notify(peer, false, send_head_[peer]);
 }
 
 const void* ShmTransport::peek_recv(int peer, FragHeader* h) {
@@ -229,33 +242,103 @@ const void* ShmTransport::peek_recv(int peer, FragHeader* h) {
 
 void ShmTransport::release_recv(int peer) {
   channel(peer, rank_)->tail.store(++recv_tail_[peer], std::memory_order_release);
-  ring(peer);
+  notify(peer, true, recv_tail_[peer]);
 }
 
-void ShmTransport::ring(int peer) {
+// The sleeper and its peers pair a store, a seq_cst fence and a load (the sleeper: `sleeping`, then the
+// channel counters; a peer: a channel counter, then `sleeping`), so at least one of them sees the other:
+// either the sleeper notices the new fragment or slot before it sleeps, or the peer sees it asleep.
+void ShmTransport::notify(int peer, bool room, uint64_t counter) {
   ControlBlock* cb = control(peer);
-  // seq_cst on both sides (here and in wait_progress) so that either the sleeper sees the new doorbell
-  // value or we see the sleeper: no lost wake-up.
-  cb->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  if (cb->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&cb->doorbell);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (cb->sleeping.load(std::memory_order_relaxed) == 0) return;
+  uint32_t n = cb->n_waits.load(std::memory_order_acquire);
+  if (n == kWakeOnAnything) return wake(peer);
+  for (uint32_t i = 0; i < n && i < kMaxWaitEntries; ++i) {
+    const WaitEntry& e = cb->waits[i];
+    if (e.peer.load(std::memory_order_relaxed) == rank_ && (e.room.load(std::memory_order_relaxed) != 0) == room &&
+        counter >= e.target.load(std::memory_order_relaxed))
+      return wake(peer);
+  }
 }
 
-uint32_t ShmTransport::progress_token() {
-  return control(rank_)->doorbell.load(std::memory_order_acquire);
+void ShmTransport::wake(int peer) {
+  ControlBlock* cb = control(peer);
+  cb->wake_word.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&cb->wake_word);
 }
 
-void ShmTransport::wait_progress(uint32_t token, int64_t timeout_ns) {
+bool ShmTransport::satisfied(const WaitItem& item, uint64_t* available) {
+  const uint64_t slots = config_.slots;
+  if (item.room) {
+    uint64_t tail = channel(rank_, item.peer)->tail.load(std::memory_order_acquire);
+    *available = slots - (send_head_[item.peer] - tail);
+  } else {
+    uint64_t head = channel(item.peer, rank_)->head.load(std::memory_order_acquire);
+    *available = head - recv_tail_[item.peer];
+  }
+  uint64_t want = std::min<uint64_t>(std::max<uint32_t>(item.fragments, 1), slots / 2);
+  return *available >= want;
+}
+
+void ShmTransport::wake_partial_waiters() {
+  const uint64_t slots = config_.slots;
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) continue;
+    ControlBlock* cb = control(q);
+    if (cb->sleeping.load(std::memory_order_relaxed) == 0) continue;
+    uint32_t n = cb->n_waits.load(std::memory_order_acquire);
+    bool partial = n == kWakeOnAnything;
+    for (uint32_t i = 0; !partial && i < n && i < kMaxWaitEntries; ++i) {
+      const WaitEntry& e = cb->waits[i];
+      if (e.peer.load(std::memory_order_relaxed) != rank_) continue;
+      if (e.room.load(std::memory_order_relaxed)) {  // q waits for room in its ring to this rank
+        partial = channel(q, rank_)->head.load(std::memory_order_acquire) - recv_tail_[q] < slots;
+      } else {  // q waits for data from this rank
+        partial = send_head_[q] > channel(rank_, q)->tail.load(std::memory_order_acquire);
+      }
+    }
+    if (partial) wake(q);
+  }
+}
+
+void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
   ControlBlock* cb = control(rank_);
-  cb->sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (cb->doorbell.load(std::memory_order_seq_cst) == token) {
+  const uint32_t word = cb->wake_word.load(std::memory_order_acquire);
+  const uint64_t slots = config_.slots;
+  if (n == 0 || n > kMaxWaitEntries) {
+    cb->n_waits.store(kWakeOnAnything, std::memory_order_release);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const WaitItem& it = items[i];
+      uint64_t want = std::min<uint64_t>(std::max<uint32_t>(it.fragments, 1), slots / 2);
+      uint64_t target = it.room ? send_head_[it.peer] - slots + want : recv_tail_[it.peer] + want;
+      cb->waits[i].peer.store(it.peer, std::memory_order_relaxed);
+      cb->waits[i].room.store(it.room ? 1 : 0, std::memory_order_relaxed);
+      cb->waits[i].target.store(target, std::memory_order_relaxed);
+    }
+    cb->n_waits.store(static_cast<uint32_t>(n), std::memory_order_release);
+  }
+  cb->sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Look once more: enough has arrived, or a little has and its producer sleeps too (it will not send
+  // more until someone wakes it, so waiting for a full batch would stall both).
+  bool go = false;
+  for (size_t i = 0; !go && i < n; ++i) {
+    uint64_t available = 0;
+    go = satisfied(items[i], &available) ||
+         (available > 0 && control(items[i].peer)->sleeping.load(std::memory_order_relaxed) != 0);
+  }
+  if (!go) {
+    wake_partial_waiters();
     try {
-      futex_wait(&cb->doorbell, token, timeout_ns);
+      futex_wait(&cb->wake_word, word, timeout_ns);
     } catch (...) {
-      cb->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      cb->sleeping.store(0, std::memory_order_relaxed);
       throw;
     }
   }
-  cb->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  cb->sleeping.store(0, std::memory_order_relaxed);
 }
 
 void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
@@ -300,7 +383,7 @@ void ShmTransport::abort(const Error& error) {
   cb->abort_msg[kAbortMsgBytes - 1] = '\0';
   cb->abort_state.store(2, std::memory_order_release);
   for (int r = 0; r < world_; ++r)
-    if (r != rank_ && segments_[r]) ring(r);
+    if (r != rank_ && segments_[r]) wake(r);
 }
 
 void ShmTransport::check_peers_alive() {

@@ -3,14 +3,17 @@
 // Each rank owns one segment: an anonymous memfd (so nothing ever appears in /dev/shm, and the kernel
 // frees it when the last process that maps it exits, however it exits). The others map it by opening
 // /proc/<owner pid>/fd/<fd> once, during set-up. A segment holds
-//   - the owner's control block: its doorbell (a futex word every peer bumps when it gives the owner
-//     something to do), the descriptors of the collectives it entered, its abort record;
+//   - the owner's control block: what it is waiting for while it sleeps (a futex word and a short list
+//     of wait items), the descriptors of the collectives it entered, its abort record;
 //   - one outbound channel per peer: a ring of `slots` fragments of `slot_bytes` each, written by the
 //     owner (head) and consumed in place by that peer (tail).
 // A fragment is therefore copied once into the ring by the sender and read once by the receiver, who
 // reduces or copies it straight into its own buffer (or into its own outbound ring, for a fused
 // receive-reduce-send). Waiting spins briefly (only when every rank has a core of its own) and then
-// sleeps on the doorbell, waking every few milliseconds to check that peers are alive.
+// sleeps on the futex word, waking every few milliseconds to check that peers are alive. A sleeping rank
+// publishes what it waits for, e.g. "half a ring of data from rank 3", and peers wake it only when that
+// is there (or when they go to sleep themselves): with more ranks than cores this turns one wake-up per
+// fragment into one per batch.
 #pragma once
 
 #include <atomic>
@@ -53,8 +56,7 @@ class ShmTransport final : public Transport {
   const void* peek_recv(int peer, FragHeader* h) override;
   void release_recv(int peer) override;
 
-  uint32_t progress_token() override;
-  void wait_progress(uint32_t token, int64_t timeout_ns) override;
+  void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
 
   void begin_collective(uint64_t seq, const Descriptor& desc) override;
   void check_health(const WaitContext& ctx) override;
@@ -70,7 +72,14 @@ class ShmTransport final : public Transport {
   ControlBlock* control(int r) const;
   Channel* channel(int owner, int peer) const;  // owner's outbound channel to peer
   uint8_t* slot(Channel* ch, uint64_t index) const;
-  void ring(int peer);
+  // After this rank moved its counter on the channel it shares with `peer` (room: it released a slot of
+  // peer's ring; else it committed a fragment to peer), wake peer if that is what it sleeps for.
+  void notify(int peer, bool room, uint64_t counter);
+  void wake(int peer);
+  // Fragments available to the sleeper of `entry` on this rank's side, and whether that meets its target.
+  bool satisfied(const WaitItem& item, uint64_t* available);
+  // Before sleeping: wake peers that sleep waiting on this rank while something is there for them.
+  void wake_partial_waiters();
   void throw_if_aborted();
   bool published_descriptor(int peer, uint64_t seq, Descriptor* out);
   void check_peers_alive();

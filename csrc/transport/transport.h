@@ -5,7 +5,7 @@
 // writing straight into it) and commits it; the receiver looks at the oldest fragment from a peer in
 // place (peek_recv), consumes it (copy, reduce, decode-accumulate) and releases it. Shared memory lends
 // slots of a ring in a segment both processes map; TCP lends staging buffers that its I/O threads
-// drain and fill; CUDA IPC lends slots in device memory. Nothing here blocks except wait_progress.
+// drain and fill; CUDA IPC lends slots in device memory. Nothing here blocks except wait().
 //
 // Fragments to one peer arrive in the order they were committed. Each carries a FragHeader so that the
 // receiver can check it belongs to the collective it is running (CollectiveMismatchError otherwise).
@@ -28,6 +28,15 @@ struct FragHeader {
   uint64_t offset;     // where the fragment starts within the message
   uint32_t bytes;      // payload bytes in this fragment
   uint32_t reserved;
+};
+
+// One thing a blocked executor waits for: `fragments` more fragments from `peer` (room == false), or
+// that many free fragment slots toward `peer` (room == true). Asking for several at once lets a rank
+// that shares its core with others sleep until a batch is ready instead of waking per fragment.
+struct WaitItem {
+  int peer;
+  bool room;
+  uint32_t fragments;
 };
 
 // What the executor knows while it waits; the transport uses it to word its errors.
@@ -58,11 +67,10 @@ class Transport {
   virtual void release_recv(int peer) = 0;
 
   // --- waiting ---
-  // A value that changes whenever something this rank waits for may have changed. Read it before
-  // looking for work, and pass it to wait_progress, so that no wake-up is lost in between.
-  virtual uint32_t progress_token() = 0;
-  // Block until the token changes or timeout_ns passes (spurious returns are allowed).
-  virtual void wait_progress(uint32_t token, int64_t timeout_ns) = 0;
+  // Blocks until one of `items` may be satisfied, the communicator is aborted, or timeout_ns passes
+  // (spurious returns are allowed: the caller polls again). A transport may wait for fewer fragments
+  // than asked (it wakes a rank early rather than let two sleeping ranks wait on each other), never more.
+  virtual void wait(const struct WaitItem* items, size_t n, int64_t timeout_ns) = 0;
 
   // --- control plane ---
   // Announce that this rank enters collective `seq`; throws if the communicator was aborted.
