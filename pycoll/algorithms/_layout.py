@@ -62,3 +62,17 @@ def recv_copy_send(count: int, frm: int, to: int, dst: Region) -> Op:
 
 def copy(count: int, src: Region, dst: Region) -> Op:
     return Op(OpKind.COPY, count, src=src, dst=dst)
+
+
+def acknowledge_root(rank: int, world: int, root: int) -> list[Op]:
+    """A last step in which every other rank sends an empty message to ``root``.
+
+    Without it the root of a broadcast only sends, so it would return before anyone checked that the
+    others called the same broadcast; with it, a mismatch reaches the root at this call too, and the
+    root returns only once every rank has its data.
+    """
+    if world == 1:
+        return []
+    if rank != root:
+        return [send(0, root, (Buf.INPUT, 0))]
+    return [recv(0, peer, (Buf.OUTPUT, 0)) for peer in range(world) if peer != root]

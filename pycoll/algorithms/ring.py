@@ -33,6 +33,7 @@ in the same op.
 from __future__ import annotations
 
 from pycoll.algorithms._layout import (
+    acknowledge_root,
     copy,
     cut_segments,
     recv,
@@ -130,4 +131,5 @@ def ring_broadcast(rank: int, world: int, count: int, segment_elems: int, root: 
                 steps.append([recv_copy_send(n, prev, next_, (OUT, off))])
             else:
                 steps.append([recv(n, prev, (OUT, off))])
+        steps.append(acknowledge_root(rank, world, root))
     return make_plan(rank, world, "broadcast", "ring", count, count, steps)

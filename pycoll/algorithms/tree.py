@@ -37,6 +37,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from pycoll.algorithms._layout import (
+    acknowledge_root,
     cut_segments,
     recv,
     recv_copy_send,
@@ -191,5 +192,5 @@ def tree_broadcast(rank: int, world: int, count: int, segment_elems: int, root: 
                 steps[at].append(recv_copy_send(n, parent, kids[0], (OUT, off)))
             else:
                 steps[at].append(recv(n, parent, (OUT, off)))
-    ordered = [steps[t] for t in sorted(steps)]
+    ordered = [steps[t] for t in sorted(steps)] + [acknowledge_root(rank, world, root)]
     return make_plan(rank, world, "broadcast", "tree", count, count, ordered)

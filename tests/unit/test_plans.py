@@ -152,14 +152,18 @@ def expected_links(
             for p in range(world):
                 if p != r:
                     add(r, p, count, num_segments(count, seg))
-    elif collective == "broadcast" and algorithm == "ring":
-        for k in range(world - 1):
-            add((root + k) % world, (root + k + 1) % world, count, num_segments(count, seg))
-    elif collective == "broadcast" and algorithm == "tree":
-        tree = binary_tree(world, [(label + root) % world for label in range(world)])
-        for child, parent in enumerate(tree.parent):
-            if parent >= 0:
-                add(parent, child, count, num_segments(count, seg))
+    elif collective == "broadcast":
+        if algorithm == "ring":
+            for k in range(world - 1):
+                add((root + k) % world, (root + k + 1) % world, count, num_segments(count, seg))
+        else:
+            tree = binary_tree(world, [(label + root) % world for label in range(world)])
+            for child, parent in enumerate(tree.parent):
+                if parent >= 0:
+                    add(parent, child, count, num_segments(count, seg))
+        for r in range(world):  # the empty acknowledgement every rank sends the root at the end
+            if r != root:
+                add(r, root, 0, 1)
     elif collective == "barrier":
         distance = 1
         while distance < world:
