@@ -17,7 +17,7 @@ from pycoll import _C
 from pycoll.algorithms import build_plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
-from pycoll.env import DEFAULT_SPIN_POLLS, DEFAULT_YIELD_US, Settings
+from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 
 log = logging.getLogger("pycoll")
@@ -95,14 +95,15 @@ class Communicator:
         # Every rank on a core of its own: poll briefly before sleeping. More ranks than cores: never
         # spin (it steals the core the peer needs) but yield for a while before sleeping.
         oversubscribed = world_size > _usable_cpus()
-        spin = settings.spin_polls
+        spin = settings.spin_us
         if spin is None:
-            spin = 0 if oversubscribed else DEFAULT_SPIN_POLLS
+            spin = 0 if oversubscribed else DEFAULT_SPIN_US
         yield_us = settings.yield_us
         if yield_us is None:
             yield_us = DEFAULT_YIELD_US if oversubscribed else 0
+        slot_bytes = settings.slot_bytes_for(world_size)
         self._native = _C.NativeCommunicator(
-            rank, world_size, settings.shm_slot_bytes, settings.shm_slots, spin, int(yield_us * 1000),
+            rank, world_size, slot_bytes, settings.shm_slots, spin * 1000, yield_us * 1000,
             settings.stream_bytes,
         )
         self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
@@ -119,11 +120,11 @@ class Communicator:
         self.segment_bytes = int(self._native.segment_bytes)
         log.info(
             "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
-            "spin %d polls, yield %d us, reduce loops %s",
+            "spin %d us, yield %d us, reduce loops %s",
             rank,
             world_size,
             settings.shm_slots,
-            settings.shm_slot_bytes // 1024,
+            slot_bytes // 1024,
             spin,
             yield_us,
             _C.reduce_isa(),

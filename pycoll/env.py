@@ -4,14 +4,17 @@
 |------------------------|----------------------------------------------------------------|---------|
 | PYCOLL_TIMEOUT         | deadline of every collective and of set-up, in seconds         | 300     |
 | PYCOLL_DEBUG           | WARN, INFO or TRACE: log through the ``pycoll`` logger          | silent  |
-| PYCOLL_SHM_SLOT_BYTES  | payload bytes of one shared-memory ring slot (multiple of 64)  | 65536   |
+| PYCOLL_SHM_SLOT_BYTES  | payload bytes of one shared-memory ring slot (multiple of 64); | auto    |
+|                        | ``auto``: 256 KiB, less above 8 local ranks (16 MiB of rings   |         |
+|                        | per rank at most)                                              |         |
 | PYCOLL_SHM_SLOTS       | slots per shared-memory ring (per ordered pair of ranks)       | 8       |
-| PYCOLL_SPIN            | polls before a waiting rank sleeps; ``auto`` spins only when   | auto    |
-|                        | every local rank has a CPU of its own                          |         |
+| PYCOLL_SPIN_US         | microseconds a waiting rank polls before it sleeps; ``auto``:  | auto    |
+|                        | 50 when every local rank has a CPU of its own, else 0          |         |
 | PYCOLL_YIELD_US       | microseconds a waiting rank yields its core before sleeping;  | auto    |
 |                        | ``auto``: 200 when ranks outnumber CPUs, else 0                 |         |
-| PYCOLL_STREAM_BYTES   | collectives with outputs at least this large write results with |         |
-|                        | non-temporal stores (they would not stay in cache anyway)       | 8 MiB   |
+| PYCOLL_STREAM_BYTES    | collectives with outputs at least this large write results     | off     |
+|                        | with non-temporal stores; off by default, as they measured      |         |
+|                        | slower than plain stores on the VMs pycoll was tuned on        |         |
 | PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
@@ -27,10 +30,12 @@ from typing import Mapping
 from pycoll.errors import InvalidUsageError
 
 DEFAULT_TIMEOUT_S = 300.0
-DEFAULT_SLOT_BYTES = 64 * 1024
+MAX_SLOT_BYTES = 256 * 1024
+MIN_SLOT_BYTES = 16 * 1024
+RING_BYTES_PER_RANK = 16 << 20
 DEFAULT_SLOTS = 8
-DEFAULT_SPIN_POLLS = 4000
-DEFAULT_STREAM_BYTES = 8 << 20
+DEFAULT_SPIN_US = 50
+STREAM_OFF = 1 << 62
 DEFAULT_YIELD_US = 200
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 
@@ -39,11 +44,22 @@ DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     debug: str | None = None
-    shm_slot_bytes: int = DEFAULT_SLOT_BYTES
+    shm_slot_bytes: int | None = None  # None: slot_bytes_for(world size)
     shm_slots: int = DEFAULT_SLOTS
-    spin_polls: int | None = None  # None: decide from the number of CPUs and local ranks
-    stream_bytes: int = DEFAULT_STREAM_BYTES
+    spin_us: int | None = None  # None: decide from the number of CPUs and local ranks
+    stream_bytes: int = STREAM_OFF
     yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
+
+    def slot_bytes_for(self, world: int) -> int:
+        """Ring slot size: large slots mean fewer hand-overs per byte, but rings cost slots x slot
+        bytes per peer, so above 8 local ranks slots shrink to keep each rank's rings near 16 MiB."""
+        if self.shm_slot_bytes is not None:
+            return self.shm_slot_bytes
+        fit = RING_BYTES_PER_RANK // (self.shm_slots * max(1, world - 1))
+        size = MAX_SLOT_BYTES
+        while size > fit and size > MIN_SLOT_BYTES:
+            size //= 2
+        return size
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -66,11 +82,12 @@ class Settings:
             debug = "WARN"
         if debug is not None and debug not in DEBUG_LEVELS:
             raise InvalidUsageError(f"PYCOLL_DEBUG must be one of {', '.join(DEBUG_LEVELS)}, got {debug!r}")
-        slot_bytes = int(number("PYCOLL_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, int, 4096))
-        if slot_bytes % 64:
+        slot_raw = env.get("PYCOLL_SHM_SLOT_BYTES", "auto").strip().lower()
+        slot_bytes = None if slot_raw in ("", "auto") else int(number("PYCOLL_SHM_SLOT_BYTES", 0, int, 4096))
+        if slot_bytes is not None and slot_bytes % 64:
             raise InvalidUsageError(f"PYCOLL_SHM_SLOT_BYTES must be a multiple of 64, got {slot_bytes}")
-        spin_raw = env.get("PYCOLL_SPIN", "auto").strip().lower()
-        spin = None if spin_raw in ("", "auto") else int(number("PYCOLL_SPIN", 0, int, 0))
+        spin_raw = env.get("PYCOLL_SPIN_US", "auto").strip().lower()
+        spin = None if spin_raw in ("", "auto") else int(number("PYCOLL_SPIN_US", 0, int, 0))
         yield_raw = env.get("PYCOLL_YIELD_US", "auto").strip().lower()
         yield_us = None if yield_raw in ("", "auto") else int(number("PYCOLL_YIELD_US", 0, int, 0))
         return cls(
@@ -78,9 +95,9 @@ class Settings:
             debug=debug,
             shm_slot_bytes=slot_bytes,
             shm_slots=int(number("PYCOLL_SHM_SLOTS", DEFAULT_SLOTS, int, 2)),
-            spin_polls=spin,
+            spin_us=spin,
             yield_us=yield_us,
-            stream_bytes=int(number("PYCOLL_STREAM_BYTES", DEFAULT_STREAM_BYTES, int, 0)),
+            stream_bytes=int(number("PYCOLL_STREAM_BYTES", STREAM_OFF, int, 0)),
         )
 
 

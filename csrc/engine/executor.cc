@@ -98,9 +98,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   auto fragments_left = [frag_bytes](uint64_t bytes) {
     return static_cast<uint32_t>(std::max<uint64_t>(1, (bytes + frag_bytes - 1) / frag_bytes));
   };
-  uint32_t spins = 0;
-  bool slept = false;  // whether the current wait already went to sleep
-  bool idle = false;   // whether this rank is in a wait (idle_since is its start)
+  bool idle = false;  // whether this rank is in a wait (idle_since is its start)
   Clock::time_point idle_since = start;
   int64_t slice = policy_.first_slice_ns;
   Clock::time_point last_progress = start;
@@ -225,9 +223,13 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
 
       const Clock::time_point now = Clock::now();
       if (progressed) {
-        if (spins > 0 && !slept) spin_budget_ = std::min(policy_.spin_polls, spin_budget_ * 2 + 64);
-        spins = 0;
-        slept = false;
+        if (idle) {  // adapt the spin to how long waits turn out to be
+          const int64_t waited = ns_between(idle_since, now);
+          if (waited <= 2 * policy_.spin_ns)
+            spin_budget_ns_ = std::min(policy_.spin_ns, std::max<int64_t>(2 * spin_budget_ns_, 1000));
+          else
+            spin_budget_ns_ /= 2;
+        }
         idle = false;
         slice = policy_.first_slice_ns;
         last_progress = now;
@@ -237,8 +239,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         idle = true;
         idle_since = now;
       }
-      if (spins < spin_budget_) {
-        ++spins;
+      if (ns_between(idle_since, now) < spin_budget_ns_) {
         cpu_relax();
         continue;
       }
@@ -246,8 +247,6 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
         continue;
       }
-      if (!slept && spins > 0) spin_budget_ /= 2;  // spinning did not pay off this time
-      slept = true;
       if (now >= deadline) raise_timeout(a, ctx.waiting_on_peer, ns_between(start, now) * 1e-9);
       if (ns_between(last_progress, now) >= slice) {
         // Nothing happened for a whole slice: look for dead peers, mismatches and aborts.

@@ -15,11 +15,11 @@
 namespace pycoll {
 
 struct ExecutorPolicy {
-  // Most polls of the transport before sleeping. Worth it only when every rank has a core of its own;
-  // with more ranks than cores a spinning rank steals the core its peer needs (the communicator sets 0
-  // then). The executor adapts below this: a spin that ends in sleep anyway halves the next one, so a
-  // loaded machine stops spinning by itself.
-  uint32_t spin_polls = 0;
+  // Longest time a waiting rank polls the transport before it sleeps. Worth it only when every rank has
+  // a core of its own; with more ranks than cores a spinning rank steals the core its peer needs (the
+  // communicator sets 0 then). The executor adapts below this: a long wait halves the next spin, so a
+  // loaded machine stops spinning by itself, and a short one doubles it again.
+  int64_t spin_ns = 0;
   // Then, for this long, yield the core instead of sleeping. With more ranks than cores the peer this
   // rank waits for is usually runnable on the same core: a yield lets it run at once, while a sleep
   // costs a futex wake-up and, in a VM, an inter-processor interrupt to an idle vCPU.
@@ -48,7 +48,7 @@ struct RunArgs {
 class Executor {
  public:
   Executor(Transport& transport, const ExecutorPolicy& policy)
-      : t_(transport), policy_(policy), spin_budget_(policy.spin_polls) {}
+      : t_(transport), policy_(policy), spin_budget_ns_(policy.spin_ns) {}
 
   // Runs `plan` as collective number seq()+1. Throws pycoll::Error; on any error the communicator is
   // aborted first, so the other ranks raise too.
@@ -61,7 +61,7 @@ class Executor {
 
   Transport& t_;
   ExecutorPolicy policy_;
-  uint32_t spin_budget_ = 0;  // adaptive, <= policy_.spin_polls
+  int64_t spin_budget_ns_ = 0;  // adaptive, <= policy_.spin_ns
   uint64_t seq_ = 0;
   // Per-run state, kept to avoid allocating on every collective.
   std::vector<uint64_t> pos_;

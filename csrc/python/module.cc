@@ -92,11 +92,11 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
 
 class NativeCommunicator {
  public:
-  NativeCommunicator(int rank, int world, size_t slot_bytes, uint32_t slots, uint32_t spin_polls, int64_t yield_ns,
+  NativeCommunicator(int rank, int world, size_t slot_bytes, uint32_t slots, int64_t spin_ns, int64_t yield_ns,
                      uint64_t stream_min_bytes)
       : transport_(rank, world, ShmConfig{slot_bytes, slots}) {
     ExecutorPolicy policy;
-    policy.spin_polls = spin_polls;
+    policy.spin_ns = spin_ns;
     policy.yield_ns = yield_ns;
     policy.stream_min_bytes = stream_min_bytes;
     // Deliver Ctrl-C (and other Python signal handlers) to a rank stuck waiting for its peers.
@@ -206,8 +206,8 @@ PYBIND11_MODULE(_C, m) {
                              [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; });
 
   py::class_<NativeCommunicator>(m, "NativeCommunicator")
-      .def(py::init<int, int, size_t, uint32_t, uint32_t, int64_t, uint64_t>(), py::arg("rank"), py::arg("world"),
-           py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_polls"), py::arg("yield_ns"),
+      .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t>(), py::arg("rank"), py::arg("world"),
+           py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_ns"), py::arg("yield_ns"),
            py::arg("stream_min_bytes"))
       .def_property_readonly("segment_fd", [](NativeCommunicator& c) { return c.transport().segment_fd(); })
       .def_property_readonly("segment_bytes", [](NativeCommunicator& c) { return c.transport().segment_bytes(); })
