@@ -92,15 +92,16 @@ class Communicator:
         self.local_rank = rank
         self.local_world_size = world_size
 
-        # Every rank on a core of its own: poll briefly before sleeping. More ranks than cores: never
-        # spin (it steals the core the peer needs) but yield for a while before sleeping.
+        # Every rank on a core of its own: poll briefly, then yield briefly (in case the scheduler put
+        # a peer on this very core), then sleep. More ranks than cores: never spin (it steals the core
+        # the peer needs) but yield for a while before sleeping.
         oversubscribed = world_size > _usable_cpus()
         spin = settings.spin_us
         if spin is None:
             spin = 0 if oversubscribed else DEFAULT_SPIN_US
         yield_us = settings.yield_us
         if yield_us is None:
-            yield_us = DEFAULT_YIELD_US if oversubscribed else 0
+            yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
         slot_bytes = settings.slot_bytes_for(world_size)
         self._native = _C.NativeCommunicator(
             rank, world_size, slot_bytes, settings.shm_slots, spin * 1000, yield_us * 1000,

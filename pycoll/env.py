@@ -11,7 +11,7 @@
 | PYCOLL_SPIN_US         | microseconds a waiting rank polls before it sleeps; ``auto``:  | auto    |
 |                        | 50 when every local rank has a CPU of its own, else 0          |         |
 | PYCOLL_YIELD_US       | microseconds a waiting rank yields its core before sleeping;  | auto    |
-|                        | ``auto``: 200 when ranks outnumber CPUs, else 0                 |         |
+|                        | ``auto``: 200 when ranks outnumber CPUs, else 50                |         |
 | PYCOLL_STREAM_BYTES    | collectives with outputs at least this large write results     | off     |
 |                        | with non-temporal stores; off by default, as they measured      |         |
 |                        | slower than plain stores on the VMs pycoll was tuned on        |         |

@@ -15,6 +15,7 @@ namespace pycoll {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int64_t kMinSpinNs = 2000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -223,12 +224,13 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
 
       const Clock::time_point now = Clock::now();
       if (progressed) {
-        if (idle) {  // adapt the spin to how long waits turn out to be
-          const int64_t waited = ns_between(idle_since, now);
-          if (waited <= 2 * policy_.spin_ns)
-            spin_budget_ns_ = std::min(policy_.spin_ns, std::max<int64_t>(2 * spin_budget_ns_, 1000));
-          else
-            spin_budget_ns_ /= 2;
+        if (idle && policy_.spin_ns > 0) {
+          // A wait that ended while spinning says spinning pays: spin longer next time. One that had to
+          // sleep anyway (a loaded machine, or the peer waiting for this very core) halves it, down to
+          // a floor that keeps probing whether spinning pays again.
+          const bool spin_paid = ns_between(idle_since, now) <= spin_budget_ns_;
+          spin_budget_ns_ =
+              spin_paid ? std::min(policy_.spin_ns, 2 * spin_budget_ns_) : std::max(kMinSpinNs, spin_budget_ns_ / 2);
         }
         idle = false;
         slice = policy_.first_slice_ns;
@@ -243,7 +245,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         cpu_relax();
         continue;
       }
-      if (ns_between(idle_since, now) < policy_.yield_ns) {
+      if (ns_between(idle_since, now) < spin_budget_ns_ + policy_.yield_ns) {
         sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
         continue;
       }

@@ -20,47 +20,33 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# pycoll/__init__.py may import the native module, which need not be built for these pure-Python
-# tests: if importing the package fails, stand in an empty package so its subpackages still import.
-IMPORT_SHIM = textwrap.dedent(
-    f"""
-    import sys, types
-    try:
-        import pycoll.bootstrap
-    except ImportError:
-        for _name in [m for m in sys.modules if m == "pycoll" or m.startswith("pycoll.")]:
-            del sys.modules[_name]
-        _pkg = types.ModuleType("pycoll")
-        _pkg.__path__ = [{str(ROOT / "pycoll")!r}]
-        sys.modules["pycoll"] = _pkg
-    """
-)
-exec(IMPORT_SHIM)
-
-from pycoll.bootstrap.env import (  # noqa: E402
+from pycoll.bootstrap.env import (
     LaunchInfo,
     detect_launch,
     explicit_launch,
     launcher_hosts_store,
     parse_slurm_tasks_per_node,
 )
-from pycoll.bootstrap.rendezvous import rendezvous, rendezvous_file_path, store_barrier  # noqa: E402
-from pycoll.bootstrap.store import (  # noqa: E402
+from pycoll.bootstrap.rendezvous import rendezvous, rendezvous_file_path, store_barrier
+from pycoll.bootstrap.store import (
     PrefixStore,
     Store,
     TCPStoreClient,
     TCPStoreServer,
     TorchStoreAdapter,
 )
-from pycoll.errors import (  # noqa: E402
+from pycoll.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     InvalidUsageError,
     PeerLostError,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
+
+# Child processes get this prelude; pycoll's API loads lazily, so pycoll.bootstrap imports without
+# the native module.
+IMPORT_SHIM = "import sys\n"
 DEADLINE = 20.0  # upper bound for anything that should take well under a second
 
 

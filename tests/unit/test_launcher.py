@@ -17,26 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from pycoll.cli import main as cli_main
+
 ROOT = Path(__file__).resolve().parents[2]
 
-# pycoll/__init__.py may import the native module, which need not be built for these tests: if the
-# package import fails, stand in an empty package so pycoll.bootstrap / pycoll.cli still import.
-IMPORT_SHIM = textwrap.dedent(
-    f"""
-    import sys, types
-    try:
-        import pycoll.bootstrap
-    except ImportError:
-        for _name in [m for m in sys.modules if m == "pycoll" or m.startswith("pycoll.")]:
-            del sys.modules[_name]
-        _pkg = types.ModuleType("pycoll")
-        _pkg.__path__ = [{str(ROOT / "pycoll")!r}]
-        sys.modules["pycoll"] = _pkg
-    """
-)
-exec(IMPORT_SHIM)
-
-from pycoll.cli import main as cli_main  # noqa: E402
+# Child processes get this prelude; pycoll's API loads lazily, so pycoll.bootstrap imports without
+# the native module.
+IMPORT_SHIM = "import sys\n"
 
 LAUNCHER = IMPORT_SHIM + "\nfrom pycoll.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
 DEADLINE = 30.0
