@@ -138,6 +138,10 @@ class RankPool:
         port = self._listener.address[1]
         try:
             child_env = dict(os.environ)
+            # 64 KiB ring slots (256 KiB segments) instead of the default 256 KiB keep the "several
+            # segments" cases of the sweeps small enough for CI; the default size is exercised by the
+            # launcher and benchmark tests, which start ranks without this harness.
+            child_env.setdefault("PYCOLL_SHM_SLOT_BYTES", "65536")
             child_env.update(env or {})
             child_env.update({
                 "PYCOLL_TEST_AUTHKEY": authkey.hex(),

@@ -906,6 +906,7 @@ def test_rendezvous_through_torchrun_agent_store(monkeypatch):
 
 def test_torchrun_agent_store_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)  # an earlier test may have imported it
     info = LaunchInfo(0, 2, 0, 2, "127.0.0.1", 29500, "torchrun", None, torch_agent_store=True)
     with pytest.raises(InvalidUsageError, match="TORCHELASTIC_USE_AGENT_STORE"):
         rendezvous(info, timeout=1)
