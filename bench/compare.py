@@ -71,6 +71,7 @@ class Run:
     error: str = ""
     records: list[dict[str, Any]] = field(default_factory=list)
     failed_attempts: list[str] = field(default_factory=list)  # errors of attempts that were retried
+    steal_s: float = 0.0  # CPU time the hypervisor took from this VM while the run ran
 
     @property
     def summary(self) -> str:
@@ -106,6 +107,18 @@ def command_for(library: str, world: int, json_path: str, args: argparse.Namespa
         launcher = [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
         return [*launcher, script, *flags]
     raise ValueError(f"unknown library {library!r}; expected one of {LIBRARIES}")
+
+
+def steal_seconds() -> float:
+    """Cumulative time the hypervisor ran something else on this VM's CPUs (/proc/stat "steal").
+
+    Runs that suffered steal are slowed by the host, not by the library: the summary lists it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def cpu_busy_fraction(seconds: float = 1.0) -> float:
@@ -155,6 +168,7 @@ def _execute_once(run: Run, json_path: str, timeout: float, verbose: bool) -> No
     # pycoll's module is run from the repository root; the baselines need nothing from the package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     t0 = time.monotonic()
+    steal0 = steal_seconds()
     try:
         proc = subprocess.run(
             run.command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -164,6 +178,7 @@ def _execute_once(run: Run, json_path: str, timeout: float, verbose: bool) -> No
         run.error = f"timed out after {timeout:.0f} s"
         return
     run.wall_s = time.monotonic() - t0
+    run.steal_s = steal_seconds() - steal0
     if verbose:
         print(proc.stdout.rstrip(), flush=True)
     if proc.returncode != 0:
@@ -312,6 +327,17 @@ def markdown(
             + " (well above 0% means the figures are disturbed).",
             "",
         ]
+    stolen = [r for r in runs if r.steal_s >= 0.05]
+    if stolen:
+        lines += [
+            "Hypervisor steal time during runs (the host ran something else on these CPUs; such a run is "
+            "slowed by the host, not by the library): "
+            + "; ".join(
+                f"{LABELS[r.library]} {r.world} ranks round {r.round + 1}: {r.steal_s:.2f} s" for r in stolen
+            )
+            + ".",
+            "",
+        ]
     for world, rows in summary.items():
         head = ["size"]
         head += [f"{LABELS[lib]} busbw (GB/s)" for lib in libraries]
@@ -438,7 +464,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     execute(run, path, args.timeout, args.verbose, args.retries)
                     runs.append(run)
                     status = "ok" if run.ok else f"FAILED ({run.summary})"
-                    print(f"  {world} ranks {LABELS[lib]:8s} {run.wall_s:6.1f} s  {status}", flush=True)
+                    print(
+                        f"  {world} ranks {LABELS[lib]:8s} {run.wall_s:6.1f} s  "
+                        f"steal {run.steal_s:5.2f} s  {status}",
+                        flush=True,
+                    )
     summary = summarize(runs, libraries, args.ranks)
     targets = check_targets(summary, libraries[0])
     meta = host_meta(args, libraries, runs)
@@ -461,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "command": r.command,
                     "ok": r.ok,
                     "wall_s": r.wall_s,
+                    "steal_s": r.steal_s,
                     "error": r.error,
                     "failed_attempts": r.failed_attempts,
                     "results": r.records,
