@@ -103,8 +103,13 @@ class Communicator:
         if yield_us is None:
             yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
         slot_bytes = settings.slot_bytes_for(world_size)
-        self._native = _C.NativeCommunicator(
-            rank, world_size, slot_bytes, settings.shm_slots, spin * 1000, yield_us * 1000,
+        self._native: _C.NativeCommunicator | None = _C.NativeCommunicator(
+            rank,
+            world_size,
+            slot_bytes,
+            settings.shm_slots,
+            spin * 1000,
+            yield_us * 1000,
             settings.stream_bytes,
         )
         self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
@@ -189,9 +194,12 @@ class Communicator:
         timeout: float | None,
     ) -> None:
         """Runs one collective on the calling thread (the GIL is released while it runs)."""
+        native = self._native
+        if native is None:
+            raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
         plan = self.native_plan(collective, algorithm, count, inp.itemsize, root)
         try:
-            self._native.run(
+            native.run(
                 plan,
                 inp.ptr,
                 out.ptr,

@@ -1,0 +1,63 @@
+# Type stubs for the native module built from csrc/python/module.cc.
+import numpy as np
+
+COLLECTIVES: list[str]
+ALGORITHMS: list[str]
+ERROR_KINDS: dict[str, int]
+
+def reduce_isa() -> str: ...
+def hardware_concurrency() -> int: ...
+def array_address(obj: np.ndarray) -> int: ...
+
+class NativePlan:
+    def __init__(
+        self,
+        table: np.ndarray,
+        starts: np.ndarray,
+        itemsize: int,
+        input_count: int,
+        output_count: int,
+        rank: int,
+        world: int,
+    ) -> None: ...
+    @property
+    def num_ops(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+
+class NativeCommunicator:
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        slot_bytes: int,
+        slots: int,
+        spin_ns: int,
+        yield_ns: int,
+        stream_min_bytes: int,
+    ) -> None: ...
+    @property
+    def segment_fd(self) -> int: ...
+    @property
+    def segment_bytes(self) -> int: ...
+    @property
+    def fragment_bytes(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    def connect(self, pids: list[int], fds: list[int]) -> None: ...
+    def close_segment_fd(self) -> None: ...
+    def run(
+        self,
+        plan: NativePlan,
+        input: int,
+        output: int,
+        dtype: int,
+        op: int,
+        collective: int,
+        algorithm: int,
+        count: int,
+        root: int,
+        codec: int,
+        timeout_s: float,
+    ) -> None: ...
+    def abort(self, kind: int, message: str) -> None: ...
