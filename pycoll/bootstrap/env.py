@@ -201,16 +201,24 @@ def parse_slurm_tasks_per_node(value: str, variable: str = "SLURM_TASKS_PER_NODE
     return counts
 
 
-def _torchrun(env: Mapping[str, str]) -> LaunchInfo:
-    rank = _require(env, "RANK", "WORLD_SIZE")
-    world = _require(env, "WORLD_SIZE", "RANK", minimum=1)
-    # Set by hand (no torchrun): without LOCAL_* the job is taken to run on this host alone.
-    local_rank = _int(env, "LOCAL_RANK")
-    local_world = _int(env, "LOCAL_WORLD_SIZE", minimum=1)
+def _local_layout(
+    rank: int, world: int, local_rank: int | None, local_world: int | None
+) -> tuple[int, int]:
+    """Fills in what the launcher left out: without a local size the job is taken to run on one host."""
     if local_rank is None:
         local_rank = rank if local_world is None else rank % local_world
     if local_world is None:
         local_world = world
+    return local_rank, local_world
+
+
+def _torchrun(env: Mapping[str, str]) -> LaunchInfo:
+    rank = _require(env, "RANK", "WORLD_SIZE")
+    world = _require(env, "WORLD_SIZE", "RANK", minimum=1)
+    # Set by hand (no torchrun): without LOCAL_* the job is taken to run on this host alone.
+    local_rank, local_world = _local_layout(
+        rank, world, _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE", minimum=1)
+    )
     _validated(
         env, ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), rank, world, local_rank, local_world
     )
@@ -236,12 +244,12 @@ def _openmpi(env: Mapping[str, str]) -> LaunchInfo:
     rank = _int(env, "OMPI_COMM_WORLD_RANK")
     assert rank is not None
     world = _require(env, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", minimum=1)
-    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
-    if local_rank is None:
-        local_rank = rank if local_world is None else rank % local_world
-    if local_world is None:
-        local_world = world
+    local_rank, local_world = _local_layout(
+        rank,
+        world,
+        _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+        _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1),
+    )
     _validated(
         env,
         (
