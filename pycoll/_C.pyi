@@ -9,6 +9,40 @@ def reduce_isa() -> str: ...
 def hardware_concurrency() -> int: ...
 def array_address(obj: np.ndarray) -> int: ...
 
+def codec_isa() -> str: ...
+def rounding_key(seed: int, rank: int, seq: int) -> int: ...
+def builtin_codec(kind: int, block: int, rounding: int) -> Codec: ...
+def user_codec(
+    name: str, block_elems: int, block_bytes: int, tail_bytes: list[int], encode: int, decode: int
+) -> Codec: ...
+
+class Codec:
+    @property
+    def block_elems(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    def encoded_bytes(self, n: int) -> int: ...
+    def encode(
+        self,
+        src: np.ndarray,
+        out: np.ndarray,
+        residual: np.ndarray | None = None,
+        residual_scale: float = 1.0,
+        decoded: np.ndarray | None = None,
+        index: int = 0,
+        key: int = 0,
+    ) -> None: ...
+    def decode(
+        self,
+        data: np.ndarray,
+        dst: np.ndarray,
+        acc: np.ndarray | None = None,
+        residual: np.ndarray | None = None,
+        divisor: int = 0,
+    ) -> None: ...
+
 class NativePlan:
     def __init__(
         self,
@@ -57,7 +91,10 @@ class NativeCommunicator:
         algorithm: int,
         count: int,
         root: int,
-        codec: int,
+        codec: Codec | None,
+        codec_id: int,
+        residual: int,
+        seed: int,
         timeout_s: float,
     ) -> None: ...
     def abort(self, kind: int, message: str) -> None: ...

@@ -17,8 +17,10 @@ import numpy as np
 from pycoll.algorithms import ALGORITHMS
 from pycoll.algorithms.select import select_algorithm
 from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
+from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
 from pycoll.comm import Communicator
+from pycoll.compression import CODEC_DTYPES, Codec, ErrorFeedback, get_codec
 from pycoll.env import Settings, launcher_hosts_store
 from pycoll.errors import InvalidUsageError
 from pycoll.work import Work
@@ -189,12 +191,43 @@ def _launch(
     return Work(comm.submit(body, True), describe())
 
 
+def _compression(
+    compression: Any, residual: Any, buf: Buffer, op: str, algorithm: str
+) -> tuple[Codec | None, Buffer | None]:
+    """The codec and residual of a compressed all-reduce, validated before anything is sent."""
+    codec = get_codec(compression)
+    if codec is None:
+        if residual is not None:
+            raise InvalidUsageError("residual= (error feedback) needs compression=")
+        return None, None
+    if buf.dtype not in CODEC_DTYPES:
+        raise InvalidUsageError(
+            f"compression={codec!r} needs {', '.join(CODEC_DTYPES)} data, got {buf.dtype}; "
+            f"integers and float64 are reduced without compression"
+        )
+    if op.lower() not in ("sum", "avg"):
+        raise InvalidUsageError(f"compression={codec!r} supports op 'sum' or 'avg', got {op!r}")
+    if residual is None:
+        return codec, None
+    if isinstance(residual, ErrorFeedback):
+        residual = residual.residual_for(buf.count)
+    res = as_buffer(residual, "residual", writable=True)
+    if res.dtype != "float32" or res.count != buf.count:
+        raise InvalidUsageError(
+            f"residual must be float32 with as many elements as x ({buf.count}), got {res.count} x {res.dtype}"
+        )
+    if res.overlaps(buf):
+        raise InvalidUsageError("residual must not overlap x")
+    return codec, res
+
+
 def allreduce(
     x: T,
     op: str = "sum",
     *,
     algorithm: str = "auto",
-    compression: Any = None,
+    compression: Union[str, Codec, None] = None,
+    residual: Any = None,
     comm: Communicator | None = None,
     timeout: float | None = None,
     async_op: bool = False,
@@ -204,18 +237,26 @@ def allreduce(
     ``x``: a contiguous numpy array or torch CPU tensor of float32, float64, float16, bfloat16, int32,
     int64, uint8 or int8. ``op``: sum, avg (floating types), min, max, prod. ``algorithm``: auto, ring,
     tree or direct. Every rank ends with bitwise-identical results.
+
+    ``compression``: None, "fp16", "bf16", "int8", "int4" or a ``pycoll.compression`` codec; needs float32,
+    float16 or bfloat16 data and op sum or avg, and sums in float32. ``auto`` then means direct (two-shot:
+    each element quantized at most twice). ``residual``: error feedback, a float32 array like ``x`` or a
+    ``pycoll.compression.ErrorFeedback``; what compression lost is stored there and added next time.
     """
     c = get_comm(comm)
     buf = as_buffer(x, "x", writable=True)
     code = op_code(op, buf)
-    if compression is not None:
-        raise InvalidUsageError(f"compression={compression!r} is not available in this version of pycoll")
-    algo = _algorithm(c, "allreduce", algorithm, buf.nbytes)
+    codec, res = _compression(compression, residual, buf, op, algorithm)
+    if codec is not None and algorithm == "auto":
+        algo = DEFAULT_COMPRESSED_ALGORITHM
+    else:
+        algo = _algorithm(c, "allreduce", algorithm, buf.nbytes)
     _timeout(timeout)
+    how = "" if codec is None else f", {codec!r}"
     return _launch(
         c,
-        lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo})",
-        lambda: c.run("allreduce", algo, buf, buf, buf.count, code, 0, timeout),
+        lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo}{how})",
+        lambda: c.run("allreduce", algo, buf, buf, buf.count, code, 0, timeout, codec, res),
         x,
         async_op,
     )

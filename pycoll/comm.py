@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from pycoll import _C
 from pycoll.algorithms import build_plan
+from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings
@@ -137,16 +138,25 @@ class Communicator:
         )
 
     # ---- plans -------------------------------------------------------------------------------------
-    def native_plan(self, collective: str, algorithm: str, count: int, itemsize: int, root: int = 0) -> Any:
-        key = (collective, algorithm, count, itemsize, root)
+    def native_plan(
+        self, collective: str, algorithm: str, count: int, itemsize: int, root: int = 0, codec: Any = None
+    ) -> Any:
+        """The compiled plan (cached). With a codec, an all-reduce plan on float32 cut at its blocks."""
+        layout = None if codec is None else (codec.block_elems, codec.block_bytes)
+        key = (collective, algorithm, count, itemsize, root, layout)
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
-        segment_elems = max(1, self.segment_bytes // itemsize)
-        p = build_plan(
-            collective, algorithm, self.rank, self.world_size, count, root=root, segment_elems=segment_elems
-        )
+        if layout is not None:
+            itemsize = 4  # the executor works on float32 (wider types are widened first)
+            segment_blocks = max(1, self.segment_bytes // layout[1])
+            p = build_compressed_plan(algorithm, self.rank, self.world_size, count, layout[0], segment_blocks)
+        else:
+            segment_elems = max(1, self.segment_bytes // itemsize)
+            p = build_plan(
+                collective, algorithm, self.rank, self.world_size, count, root=root, segment_elems=segment_elems
+            )
         table, starts = p.to_table()
         plan = _C.NativePlan(
             table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size
@@ -155,15 +165,16 @@ class Communicator:
         if len(self._plans) > _PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
         if log.isEnabledFor(logging.INFO):
-            bucket = (collective, algorithm, max(count * itemsize, 1).bit_length())
+            bucket = (collective, algorithm, max(count * itemsize, 1).bit_length(), repr(codec))
             if bucket not in self._logged:
                 self._logged.add(bucket)
                 log.info(
-                    "rank %d: %s of %d bytes uses %s (%d steps, %d ops)",
+                    "rank %d: %s of %d bytes uses %s%s (%d steps, %d ops)",
                     self.rank,
                     collective,
                     count * itemsize,
                     algorithm,
+                    "" if codec is None else f" with {codec!r}",
                     plan.num_steps,
                     plan.num_ops,
                 )
@@ -192,12 +203,18 @@ class Communicator:
         op: int,
         root: int,
         timeout: float | None,
+        codec: Any = None,
+        residual: Buffer | None = None,
     ) -> None:
-        """Runs one collective on the calling thread (the GIL is released while it runs)."""
+        """Runs one collective on the calling thread (the GIL is released while it runs).
+
+        ``codec`` (a pycoll.compression.Codec, all-reduce only) compresses the messages; ``residual`` is its
+        float32 error-feedback state.
+        """
         native = self._native
         if native is None:
             raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
-        plan = self.native_plan(collective, algorithm, count, inp.itemsize, root)
+        plan = self.native_plan(collective, algorithm, count, inp.itemsize, root, codec)
         try:
             native.run(
                 plan,
@@ -209,7 +226,10 @@ class Communicator:
                 ALGORITHM_CODES[algorithm],
                 count,
                 root,
-                0,
+                None if codec is None else codec.native(),
+                0 if codec is None else codec.wire_id,
+                0 if residual is None else residual.ptr,
+                0 if codec is None else codec.seed,
                 self.timeout if timeout is None else timeout,
             )
         except PycollError as e:

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "kernels/types.h"
@@ -23,7 +24,7 @@ struct Descriptor {
   int32_t op = 0;
   int64_t count = 0;  // elements per rank as the caller gave them
   int32_t root = 0;
-  int32_t codec = 0;  // 0: none
+  int64_t codec = 0;  // 0: none; otherwise the codec's wire id (pycoll/compression: Codec.wire_id)
 
   uint64_t hash() const {
     // FNV-1a over the fields; any difference between ranks changes it.
@@ -40,10 +41,35 @@ struct Descriptor {
     mix(uint64_t(uint32_t(op)));
     mix(uint64_t(count));
     mix(uint64_t(uint32_t(root)));
-    mix(uint64_t(uint32_t(codec)));
+    mix(uint64_t(codec));
     return h;
   }
 };
+
+// A codec's wire id spelled out: kind in the low byte, rounding in the next, block size above
+// (pycoll/compression/codecs.py builds the same ids); user codecs carry a hash of their definition.
+inline std::string codec_name(int64_t id) {
+  const int kind = static_cast<int>(id & 0xff);
+  const int rounding = static_cast<int>((id >> 8) & 0xff);
+  const long long block = static_cast<long long>(id >> 16);
+  switch (kind) {
+    case 1:
+      return "fp16";
+    case 2:
+      return "bf16";
+    case 3:
+    case 4:
+      return std::string(kind == 3 ? "int8" : "int4") + "(block=" + std::to_string(block) +
+             (rounding ? ", stochastic)" : ")");
+    case 15: {
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(block));
+      return std::string("user codec #") + hex;
+    }
+    default:
+      return "#" + std::to_string(id);
+  }
+}
 
 inline std::string code_name(const char* const* names, int n, int32_t code) {
   return (code >= 0 && code < n) ? names[code] : ("#" + std::to_string(code));
@@ -55,7 +81,7 @@ inline std::string describe(const Descriptor& d) {
                   ", dtype=" + dtype_name(DType(d.dtype)) + ", op=" + redop_name(RedOp(d.op)) +
                   ", algorithm=" + code_name(kAlgorithmNames, kNumAlgorithms, d.algorithm);
   if (d.collective == 3) s += ", root=" + std::to_string(d.root);
-  if (d.codec) s += ", codec=" + std::to_string(d.codec);
+  if (d.codec) s += ", compression=" + codec_name(d.codec);
   return s + ")";
 }
 

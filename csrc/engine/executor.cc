@@ -39,6 +39,7 @@ void Executor::run(const NativePlan& plan, const RunArgs& args) {
   uint64_t seq = ++seq_;
   t_.begin_collective(seq, args.desc);  // throws the original error if the communicator was aborted
   try {
+    check_codec_plan(plan, args);
     run_steps(plan, args);
   } catch (const Error& e) {
     t_.abort(e);
@@ -48,6 +49,27 @@ void Executor::run(const NativePlan& plan, const RunArgs& args) {
                    "rank " + std::to_string(t_.rank()) + " was interrupted during " + describe(args.desc), t_.rank()));
     throw;
   }
+}
+
+void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
+  bool uses_encoded = false;
+  for (const PlanOp& op : plan.ops) uses_encoded |= op.src_buf == kEncoded || op.dst_buf == kEncoded;
+  if (!a.codec) {
+    if (uses_encoded) throw Error(ErrorKind::kInternal, "a compressed plan was run without a codec");
+    return;
+  }
+  if (a.dtype != DType::kFloat32 || a.op == RedOp::kMin || a.op == RedOp::kMax || a.op == RedOp::kProd)
+    throw Error(ErrorKind::kInternal, "compressed plans run on float32 sums and averages only");
+  for (const PlanOp& op : plan.ops) {
+    if (op.kind == OpKind::kCopy) throw Error(ErrorKind::kInternal, "a compressed plan cannot COPY");
+    if (op.kind == OpKind::kSend && op.src_buf == kOutput)
+      throw Error(ErrorKind::kInternal, "a compressed plan sends final values from kEncoded, not OUTPUT");
+  }
+  if (t_.fragment_bytes() < a.codec->block_bytes())
+    throw Error(ErrorKind::kInvalidUsage, "codec " + a.codec->name() + " encodes a block into " +
+                                              std::to_string(a.codec->block_bytes()) +
+                                              " bytes, more than one transport fragment (" +
+                                              std::to_string(t_.fragment_bytes()) + " bytes); use a smaller block");
 }
 
 void Executor::raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds) {
@@ -73,15 +95,33 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   const int avg_divisor = a.op == RedOp::kAvg ? t_.world() : 0;
   const uint64_t hash = a.desc.hash();
   const uint64_t seq = seq_;
-  const size_t frag_bytes = t_.fragment_bytes();
   uint8_t* const in = const_cast<uint8_t*>(static_cast<const uint8_t*>(a.input));
   uint8_t* const out = static_cast<uint8_t*>(a.output);
   auto buffer = [&](int32_t id) { return id == kInput ? in : out; };
 
+  // With a codec, plan offsets and counts are float32 elements of the buffers, and a message carries the
+  // encoding of its op's elements, cut into fragments of whole blocks (the last may end on a partial one),
+  // so each fragment is encoded and decoded on its own. Without one, a message is the op's bytes.
+  const cpu::Codec* const codec = a.codec;
+  const size_t block_bytes = codec ? codec->block_bytes() : 1;
+  const size_t frag_bytes = codec ? t_.fragment_bytes() / block_bytes * block_bytes : t_.fragment_bytes();
+  const uint32_t rounding_key =
+      codec ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0;
+  const float residual_scale = a.op == RedOp::kAvg ? static_cast<float>(t_.world()) : 1.0f;
+  auto encoded_offset = [&](uint64_t elem) { return elem / codec->block_elems() * block_bytes; };
+  std::vector<uint64_t>& msg_bytes = msg_bytes_;
+  msg_bytes.resize(plan.ops.size());
+  for (size_t i = 0; i < plan.ops.size(); ++i)
+    msg_bytes[i] = codec ? codec->encoded_bytes(plan.ops[i].bytes / 4) : plan.ops[i].bytes;
+  if (codec) {
+    encoded_.resize(codec->encoded_bytes(plan.output_bytes / 4));
+    scratch_.resize(frag_bytes / block_bytes * codec->block_elems() + codec->block_elems());
+  }
+
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + std::chrono::nanoseconds(a.timeout_ns);
 
-  const bool stream_outputs = plan.output_bytes >= policy_.stream_min_bytes;
+  const bool stream_outputs = !codec && plan.output_bytes >= policy_.stream_min_bytes;
   auto copy = [](void* dst, const void* src, size_t n, bool stream) {
     if (stream)
       cpu::stream_copy(dst, src, n);
@@ -112,17 +152,85 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       void* room = t_.acquire_send(op.send_peer);
       if (!room) {
         ctx.waiting_on_peer = op.send_peer;
-        waits.push_back({op.send_peer, true, fragments_left(op.bytes - pos[i])});
+        waits.push_back({op.send_peer, true, fragments_left(msg_bytes[i] - pos[i])});
         break;
       }
-      uint64_t n = std::min<uint64_t>(frag_bytes, op.bytes - pos[i]);
-      std::memcpy(room, buffer(op.src_buf) + op.src_off + pos[i], n);
-      t_.commit_send(op.send_peer, FragHeader{seq, hash, op.bytes, pos[i], static_cast<uint32_t>(n), 0});
+      const uint64_t total = msg_bytes[i];
+      const uint64_t n = std::min<uint64_t>(frag_bytes, total - pos[i]);
+      if (!codec) {
+        std::memcpy(room, buffer(op.src_buf) + op.src_off + pos[i], n);
+      } else if (op.src_buf == kEncoded) {  // a final value, encoded once by its owner: forward its bits
+        std::memcpy(room, encoded_.data() + encoded_offset(op.src_off / 4) + pos[i], n);
+      } else {
+        const uint64_t elem = op.src_off / 4 + pos[i] / block_bytes * codec->block_elems();
+        cpu::EncodeArgs e;
+        e.src = reinterpret_cast<const float*>(buffer(op.src_buf)) + elem;
+        e.residual = a.residual ? a.residual + elem : nullptr;
+        e.out = static_cast<uint8_t*>(room);
+        e.n = codec->elements_in(n, elem - op.src_off / 4, op.bytes / 4);
+        e.index = elem;
+        e.key = rounding_key;
+        codec->encode(e);
+      }
+      t_.commit_send(op.send_peer, FragHeader{seq, hash, total, pos[i], static_cast<uint32_t>(n), 0});
       pos[i] += n;
-      done[i] = pos[i] == op.bytes;
+      done[i] = pos[i] == total;
       progressed = true;
     }
     return progressed;
+  };
+
+  // The codec's work on one received fragment of `n` bytes (see "Compressed plans" in
+  // pycoll/algorithms/plan.py): decode (and accumulate), and where the op finalizes or sends a reduced
+  // value, encode it once; the decoded encoding is what is kept, so every rank ends with the same bits.
+  auto codec_recv = [&](const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room) {
+    const uint64_t first = (op_pos / block_bytes) * codec->block_elems();  // element within the op
+    const uint64_t m = codec->elements_in(n, first, op.bytes / 4);
+    const uint64_t elem = (op_receives_into_dst(op.kind) ? op.dst_off : op.src_off) / 4 + first;
+    float* const dst = reinterpret_cast<float*>(buffer(op.dst_buf) + op.dst_off) + first;
+    const float* const src = reinterpret_cast<const float*>(buffer(op.src_buf) + op.src_off) + first;
+    float* const residual = a.residual ? a.residual + elem : nullptr;
+    uint8_t* const keep = encoded_.data() + encoded_offset(op.dst_off / 4 + first);
+    cpu::DecodeArgs d;
+    d.in = frag;
+    d.n = m;
+    d.divisor = op.finalize ? avg_divisor : 0;
+    cpu::EncodeArgs e;
+    e.residual = residual;
+    e.residual_scale = op.finalize ? residual_scale : 1.0f;
+    e.n = m;
+    e.index = elem;
+    e.key = rounding_key;
+    switch (op.kind) {
+      case OpKind::kRecv:
+        d.dst = dst;
+        codec->decode(d);
+        break;
+      case OpKind::kRecvCopySend:
+        std::memcpy(room, frag, n);
+        std::memcpy(keep, frag, n);
+        d.dst = dst;
+        codec->decode(d);
+        break;
+      case OpKind::kRecvReduce:
+      case OpKind::kRecvReduceCopySend:
+      case OpKind::kRecvReduceSend: {
+        const bool to_dst = op.kind != OpKind::kRecvReduceSend;
+        d.dst = to_dst ? dst : scratch_.data();
+        d.acc = src;
+        d.residual = op.src_buf == kInput ? residual : nullptr;  // the input is read here: consume it
+        codec->decode(d);
+        if (op.kind == OpKind::kRecvReduce && !op.finalize) break;  // a partial kept for a later op
+        e.src = d.dst;
+        e.decoded = to_dst ? dst : nullptr;
+        e.out = op.kind == OpKind::kRecvReduce ? keep : static_cast<uint8_t*>(room);
+        e.out2 = op.kind == OpKind::kRecvReduceCopySend ? keep : nullptr;
+        codec->encode(e);
+        break;
+      }
+      default:
+        throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");
+    }
   };
 
   // Consumes the fragments of a receiving op that have arrived (forwarding them if it also sends).
@@ -130,6 +238,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
     const PlanOp& op = plan.ops[i];
     const bool sends = op_sends(op.kind);
     const int divisor = op.finalize ? avg_divisor : 0;
+    const uint64_t total = msg_bytes[i];
     // Final values go to memory with streaming stores in large collectives (never partials read again).
     const bool stream = stream_outputs && (op.finalize || op.kind == OpKind::kRecv ||
                                            op.kind == OpKind::kRecvCopySend || op.kind == OpKind::kRecvReduceCopySend);
@@ -139,12 +248,14 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       const uint8_t* frag = static_cast<const uint8_t*>(t_.peek_recv(op.recv_peer, &h));
       if (!frag) {
         ctx.waiting_on_peer = op.recv_peer;
-        waits.push_back({op.recv_peer, false, fragments_left(op.bytes - pos[i])});
+        waits.push_back({op.recv_peer, false, fragments_left(total - pos[i])});
         break;
       }
-      if (h.seq != seq || h.desc_hash != hash || h.msg_bytes != op.bytes || h.offset != pos[i] ||
-          h.bytes > op.bytes - pos[i] || h.bytes % isz != 0)
-        t_.raise_header_mismatch(op.recv_peer, h, seq, a.desc, op.bytes);
+      // A fragment is whole elements, or with a codec whole blocks unless it ends the message.
+      const bool whole = codec ? (h.bytes % block_bytes == 0 || pos[i] + h.bytes == total) : h.bytes % isz == 0;
+      if (h.seq != seq || h.desc_hash != hash || h.msg_bytes != total || h.offset != pos[i] ||
+          h.bytes > total - pos[i] || !whole)
+        t_.raise_header_mismatch(op.recv_peer, h, seq, a.desc, total);
       void* room = nullptr;
       if (sends) {
         room = t_.acquire_send(op.send_peer);
@@ -155,32 +266,36 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         }
       }
       const uint64_t n = h.bytes;
-      uint8_t* dst = buffer(op.dst_buf) + op.dst_off + pos[i];
-      const uint8_t* src = buffer(op.src_buf) + op.src_off + pos[i];
-      switch (op.kind) {
-        case OpKind::kRecv:
-          copy(dst, frag, n, stream);
-          break;
-        case OpKind::kRecvReduce:
-          reduce(dst, nullptr, src, frag, n / isz, divisor, stream);
-          break;
-        case OpKind::kRecvReduceSend:
-          reduce(room, nullptr, src, frag, n / isz, divisor, false);
-          break;
-        case OpKind::kRecvReduceCopySend:
-          reduce(dst, room, src, frag, n / isz, divisor, stream);
-          break;
-        case OpKind::kRecvCopySend:
-          std::memcpy(room, frag, n);
-          copy(dst, frag, n, stream);
-          break;
-        default:
-          throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");
+      if (codec) {
+        codec_recv(op, pos[i], frag, n, room);
+      } else {
+        uint8_t* dst = buffer(op.dst_buf) + op.dst_off + pos[i];
+        const uint8_t* src = buffer(op.src_buf) + op.src_off + pos[i];
+        switch (op.kind) {
+          case OpKind::kRecv:
+            copy(dst, frag, n, stream);
+            break;
+          case OpKind::kRecvReduce:
+            reduce(dst, nullptr, src, frag, n / isz, divisor, stream);
+            break;
+          case OpKind::kRecvReduceSend:
+            reduce(room, nullptr, src, frag, n / isz, divisor, false);
+            break;
+          case OpKind::kRecvReduceCopySend:
+            reduce(dst, room, src, frag, n / isz, divisor, stream);
+            break;
+          case OpKind::kRecvCopySend:
+            std::memcpy(room, frag, n);
+            copy(dst, frag, n, stream);
+            break;
+          default:
+            throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");
+        }
       }
-      if (sends) t_.commit_send(op.send_peer, FragHeader{seq, hash, op.bytes, pos[i], static_cast<uint32_t>(n), 0});
+      if (sends) t_.commit_send(op.send_peer, FragHeader{seq, hash, total, pos[i], static_cast<uint32_t>(n), 0});
       t_.release_recv(op.recv_peer);
       pos[i] += n;
-      done[i] = pos[i] == op.bytes;
+      done[i] = pos[i] == total;
       progressed = true;
     }
     return progressed;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "cpu/codec.h"
 #include "cpu/reduce.h"
 #include "engine/descriptor.h"
 #include "engine/plan.h"
@@ -43,6 +44,11 @@ struct RunArgs {
   RedOp op;
   Descriptor desc;
   int64_t timeout_ns;  // for the whole collective
+  // Compressed collectives (float32 buffers only): messages are encoded by `codec`; `residual` (float32,
+  // like the input, may be null) is the error-feedback state; `seed` keys stochastic rounding.
+  const cpu::Codec* codec = nullptr;
+  float* residual = nullptr;
+  uint64_t seed = 0;
 };
 
 class Executor {
@@ -57,6 +63,7 @@ class Executor {
 
  private:
   void run_steps(const NativePlan& plan, const RunArgs& args);
+  void check_codec_plan(const NativePlan& plan, const RunArgs& args);
   [[noreturn]] void raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds);
 
   Transport& t_;
@@ -67,6 +74,9 @@ class Executor {
   std::vector<uint64_t> pos_;
   std::vector<uint8_t> done_;
   std::vector<WaitItem> waits_;
+  std::vector<uint64_t> msg_bytes_;  // per op: bytes on the wire
+  std::vector<uint8_t> encoded_;     // the kEncoded buffer of a compressed plan
+  std::vector<float> scratch_;       // one fragment of partial sums (RECV_REDUCE_SEND with a codec)
 };
 
 }  // namespace pycoll

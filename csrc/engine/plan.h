@@ -24,8 +24,14 @@ inline bool op_sends(OpKind k) {
 inline bool op_receives(OpKind k) {
   return k != OpKind::kSend && k != OpKind::kCopy;
 }
+// Ops whose region is named by dst (they write it); the others by src.
+inline bool op_receives_into_dst(OpKind k) {
+  return k != OpKind::kSend && k != OpKind::kRecvReduceSend;
+}
 
-enum BufferId : int32_t { kInput = 0, kOutput = 1 };
+// kEncoded: with a codec, the encoded final values of the regions this rank finalized or forwarded, at the
+// same element offsets as OUTPUT (see "Compressed plans" in pycoll/algorithms/plan.py).
+enum BufferId : int32_t { kInput = 0, kOutput = 1, kEncoded = 2 };
 
 struct PlanOp {
   OpKind kind;

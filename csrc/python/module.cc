@@ -10,7 +10,9 @@
 #include <string>
 #include <thread>
 
+#include "cpu/codec.h"
 #include "cpu/reduce.h"
+#include "kernels/half.h"
 #include "engine/descriptor.h"
 #include "engine/executor.h"
 #include "engine/plan.h"
@@ -65,7 +67,8 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
     if (op_receives(op.kind) && (op.recv_peer < 0 || op.recv_peer >= world || op.recv_peer == rank))
       bad("receive peer out of range");
     auto limit = [&](int32_t buf) { return buf == kInput ? plan->input_bytes : plan->output_bytes; };
-    if (op.src_buf < 0 || op.src_buf > 1 || op.dst_buf < 0 || op.dst_buf > 1) bad("unknown buffer");
+    if (op.src_buf < 0 || op.src_buf > kEncoded || op.dst_buf < 0 || op.dst_buf > kOutput) bad("unknown buffer");
+    if (op.src_buf == kEncoded && op.kind != OpKind::kSend) bad("only SEND reads the encoded buffer");
     bool reads_src = op.kind == OpKind::kSend || op.kind == OpKind::kRecvReduce || op.kind == OpKind::kRecvReduceSend ||
                      op.kind == OpKind::kRecvReduceCopySend || op.kind == OpKind::kCopy;
     bool writes_dst = op.kind != OpKind::kSend && op.kind != OpKind::kRecvReduceSend;
@@ -107,22 +110,53 @@ class NativeCommunicator {
     executor_ = std::make_unique<Executor>(transport_, policy);
   }
 
+  // `codec` (None for plain collectives) encodes the messages of a compressed all-reduce; its plan works
+  // on float32, so float16 / bfloat16 buffers are widened into a work buffer first and rounded back once
+  // at the end (accumulation is always float32).
   void run(const NativePlan& plan, uintptr_t input, uintptr_t output, int dtype, int op, int collective, int algorithm,
-           int64_t count, int root, int codec, double timeout_s) {
+           int64_t count, int root, const std::shared_ptr<cpu::Codec>& codec, int64_t codec_id, uintptr_t residual,
+           uint64_t seed, double timeout_s) {
     if (plan.world != transport_.world() || plan.rank != transport_.rank())
       throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
     if (dtype < 0 || dtype >= kNumDTypes) throw Error(ErrorKind::kInvalidUsage, "unknown dtype code");
     if (op < 0 || op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code");
+    const DType type = static_cast<DType>(dtype);
+    const bool widen = codec && type != DType::kFloat32;
+    if (codec && type != DType::kFloat16 && type != DType::kBFloat16 && type != DType::kFloat32)
+      throw Error(ErrorKind::kInvalidUsage, "compression needs float32, float16 or bfloat16 data");
     RunArgs args;
     args.input = reinterpret_cast<const void*>(input);
     args.output = reinterpret_cast<void*>(output);
-    args.dtype = static_cast<DType>(dtype);
+    args.dtype = widen ? DType::kFloat32 : type;
     args.op = static_cast<RedOp>(op);
-    args.desc = Descriptor{collective, algorithm, dtype, op, count, root, codec};
+    args.desc = Descriptor{collective, algorithm, dtype, op, count, root, codec_id};
     args.timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
+    args.codec = codec.get();
+    args.residual = reinterpret_cast<float*>(residual);
+    args.seed = seed;
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mu_);
+    if (!widen) {
+      executor_->run(plan, args);
+      return;
+    }
+    const uint16_t* in = static_cast<const uint16_t*>(args.input);
+    uint16_t* out = static_cast<uint16_t*>(args.output);
+    const size_t n = static_cast<size_t>(count);
+    work_.resize(n);
+    float* w = work_.data();
+    if (type == DType::kFloat16) {
+      for (size_t i = 0; i < n; ++i) w[i] = half_to_float(in[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) w[i] = bf16_to_float(in[i]);
+    }
+    args.input = args.output = w;
     executor_->run(plan, args);
+    if (type == DType::kFloat16) {
+      for (size_t i = 0; i < n; ++i) out[i] = float_to_half(w[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(w[i]);
+    }
   }
 
   void abort(int kind, const std::string& message) { transport_.abort(Error(static_cast<ErrorKind>(kind), message)); }
@@ -134,7 +168,67 @@ class NativeCommunicator {
   ShmTransport transport_;
   std::unique_ptr<Executor> executor_;
   std::mutex mu_;
+  std::vector<float> work_;  // float32 copy of a float16 / bfloat16 buffer being all-reduced with a codec
 };
+
+// Codec kernels on numpy arrays, for tests and benchmarks: the executor calls the same functions.
+template <class T>
+T* array_data(py::handle obj, const char* what, bool required = true) {
+  if (obj.is_none()) {
+    if (required) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " is required");
+    return nullptr;
+  }
+  if (!py::isinstance<py::array>(obj)) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be a numpy array");
+  py::array arr = py::reinterpret_borrow<py::array>(obj);
+  if (!(arr.flags() & py::array::c_style)) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be C-contiguous");
+  return static_cast<T*>(arr.mutable_data());
+}
+
+size_t array_items(py::handle obj) {
+  return obj.is_none() ? 0 : static_cast<size_t>(py::reinterpret_borrow<py::array>(obj).size());
+}
+size_t array_nbytes(py::handle obj) {
+  return obj.is_none() ? 0 : static_cast<size_t>(py::reinterpret_borrow<py::array>(obj).nbytes());
+}
+
+void codec_encode(const cpu::Codec& c, py::handle src, py::handle out, py::handle residual, double residual_scale,
+                  py::handle decoded, uint64_t index, uint32_t key) {
+  cpu::EncodeArgs a;
+  a.src = array_data<float>(src, "src");
+  a.n = array_items(src);
+  if (py::reinterpret_borrow<py::array>(src).itemsize() != 4) throw Error(ErrorKind::kInvalidUsage, "src must be float32");
+  a.out = array_data<uint8_t>(out, "out");
+  if (array_nbytes(out) < c.encoded_bytes(a.n))
+    throw Error(ErrorKind::kInvalidUsage, "out holds " + std::to_string(array_nbytes(out)) + " bytes, the encoding needs " +
+                                              std::to_string(c.encoded_bytes(a.n)));
+  a.residual = array_data<float>(residual, "residual", false);
+  a.decoded = array_data<float>(decoded, "decoded", false);
+  if ((a.residual && array_items(residual) != a.n) || (a.decoded && array_items(decoded) != a.n))
+    throw Error(ErrorKind::kInvalidUsage, "residual and decoded must have as many elements as src");
+  a.residual_scale = static_cast<float>(residual_scale);
+  a.index = index;
+  a.key = key;
+  py::gil_scoped_release release;
+  c.encode(a);
+}
+
+void codec_decode(const cpu::Codec& c, py::handle in, py::handle dst, py::handle acc, py::handle residual, int divisor) {
+  cpu::DecodeArgs a;
+  a.dst = array_data<float>(dst, "dst");
+  a.n = array_items(dst);
+  a.in = array_data<uint8_t>(in, "in");
+  if (array_nbytes(in) < c.encoded_bytes(a.n))
+    throw Error(ErrorKind::kInvalidUsage, "in holds " + std::to_string(array_nbytes(in)) + " bytes, " +
+                                              std::to_string(a.n) + " elements need " + std::to_string(c.encoded_bytes(a.n)));
+  a.acc = array_data<float>(acc, "acc", false);
+  a.residual = array_data<float>(residual, "residual", false);
+  if ((a.acc && array_items(acc) != a.n) || (a.residual && array_items(residual) != a.n))
+    throw Error(ErrorKind::kInvalidUsage, "acc and residual must have as many elements as dst");
+  if (a.residual && !a.acc) throw Error(ErrorKind::kInvalidUsage, "residual needs acc");
+  a.divisor = divisor;
+  py::gil_scoped_release release;
+  c.decode(a);
+}
 
 }  // namespace
 
@@ -205,6 +299,34 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_steps",
                              [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; });
 
+  py::class_<cpu::Codec, std::shared_ptr<cpu::Codec>>(m, "Codec")
+      .def_property_readonly("block_elems", &cpu::Codec::block_elems)
+      .def_property_readonly("block_bytes", &cpu::Codec::block_bytes)
+      .def_property_readonly("name", &cpu::Codec::name)
+      .def("encoded_bytes", &cpu::Codec::encoded_bytes, py::arg("n"))
+      .def("encode", &codec_encode, py::arg("src"), py::arg("out"), py::arg("residual") = py::none(),
+           py::arg("residual_scale") = 1.0, py::arg("decoded") = py::none(), py::arg("index") = 0, py::arg("key") = 0)
+      .def("decode", &codec_decode, py::arg("data"), py::arg("dst"), py::arg("acc") = py::none(),
+           py::arg("residual") = py::none(), py::arg("divisor") = 0);
+  m.def(
+      "builtin_codec",
+      [](int kind, uint32_t block, int rounding) {
+        return cpu::make_builtin_codec(static_cast<codec::Kind>(kind), block, static_cast<codec::Rounding>(rounding));
+      },
+      py::arg("kind"), py::arg("block"), py::arg("rounding"));
+  m.def(
+      "user_codec",
+      [](std::string name, uint32_t block_elems, uint32_t block_bytes, std::vector<uint32_t> tail_bytes,
+         uintptr_t encode, uintptr_t decode) {
+        return cpu::make_user_codec(std::move(name), block_elems, block_bytes, std::move(tail_bytes),
+                                    reinterpret_cast<cpu::UserEncodeFn>(encode),
+                                    reinterpret_cast<cpu::UserDecodeFn>(decode));
+      },
+      py::arg("name"), py::arg("block_elems"), py::arg("block_bytes"), py::arg("tail_bytes"), py::arg("encode"),
+      py::arg("decode"));
+  m.def("rounding_key", &codec::rounding_key, py::arg("seed"), py::arg("rank"), py::arg("seq"));
+  m.def("codec_isa", &cpu::codec_isa, "instruction set of the CPU codec loops in use");
+
   py::class_<NativeCommunicator>(m, "NativeCommunicator")
       .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t>(), py::arg("rank"), py::arg("world"),
            py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_ns"), py::arg("yield_ns"),
@@ -218,6 +340,6 @@ PYBIND11_MODULE(_C, m) {
       .def("close_segment_fd", [](NativeCommunicator& c) { c.transport().close_segment_fd(); })
       .def("run", &NativeCommunicator::run, py::arg("plan"), py::arg("input"), py::arg("output"), py::arg("dtype"),
            py::arg("op"), py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::arg("root"),
-           py::arg("codec"), py::arg("timeout_s"))
+           py::arg("codec"), py::arg("codec_id"), py::arg("residual"), py::arg("seed"), py::arg("timeout_s"))
       .def("abort", &NativeCommunicator::abort, py::arg("kind"), py::arg("message"));
 }

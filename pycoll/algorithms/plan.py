@@ -35,6 +35,24 @@ Execution order
     rank a sends to rank b is the n-th message b receives from a, and both sides must agree on its
     count (the executor checks, and raises CollectiveMismatchError otherwise).
 
+Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a codec)
+    Offsets and counts are still elements, all on codec block boundaries. Every message carries the
+    encoding of its op's elements instead of the elements themselves, and the ops do this:
+        SEND from INPUT      msg = encode(src (+ residual))
+        SEND from ENCODED    msg = the encoded bytes this rank kept for the region (a final value)
+        RECV                 dst = decode(msg)
+        RECV_COPY_SEND       send msg on unchanged; keep it in ENCODED; dst = decode(msg)
+        RECV_REDUCE          dst = src (+ residual) + decode(msg), in float32; with finalize the value
+                             is divided (avg), encoded once into ENCODED, and dst = decode(that encoding)
+        RECV_REDUCE_SEND     send encode(src (+ residual) + decode(msg))
+        RECV_REDUCE_COPY_SEND  v = src (+ residual) + decode(msg) (divided when finalize); e = encode(v);
+                             send e, keep it in ENCODED, dst = decode(e)
+    So a final value is encoded exactly once, by its owner, and everyone (the owner too) ends with the
+    decoding of the same bytes: every rank's result is bitwise identical. ENCODED is a staging buffer
+    addressed like OUTPUT. Error feedback (``residual``, float32 like INPUT): ops that read INPUT add the
+    residual and reset it to 0; every encode of a region stores what it lost there (for avg, times the
+    world size, as the loss happened after the division). COPY does not occur.
+
 Empty regions
     Plans emit ops for empty chunks too (count 0): the executor still sends a header-only message, so
     every collective synchronises the ranks it connects and a rank that called with a different count
@@ -65,6 +83,7 @@ class OpKind(enum.IntEnum):
 class Buf(enum.IntEnum):
     INPUT = 0
     OUTPUT = 1
+    ENCODED = 2  # compressed plans only: see "Compressed plans" above
 
 
 SENDS = frozenset(
