@@ -3,8 +3,12 @@
 // block being quantized stays in L1 between its absmax pass and its quantize pass; the inner loops are
 // branch-free over plain arrays so that the compiler vectorizes them.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "cpu/codec.h"
 #include "kernels/codec.h"
@@ -71,6 +75,30 @@ class CastCodec final : public Codec {
   static uint16_t to_wire(float x) { return K == Kind::kFp16 ? float_to_half(x) : float_to_bf16(x); }
   static float from_wire(uint16_t h) { return K == Kind::kFp16 ? half_to_float(h) : bf16_to_float(h); }
 
+  // The compiler does not vectorize the bit-exact fp16 conversions of half.h; F16C does the same rounding
+  // (nearest even, NaN made quiet with its payload kept) eight at a time.
+  static void to_wire_n(const float* x, uint16_t* h, size_t m) {
+    size_t i = 0;
+#if defined(__F16C__)
+    if constexpr (K == Kind::kFp16) {
+      for (; i + 8 <= m; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#endif
+    for (; i < m; ++i) h[i] = to_wire(x[i]);
+  }
+  static void from_wire_n(const uint16_t* h, float* x, size_t m) {
+    size_t i = 0;
+#if defined(__F16C__)
+    if constexpr (K == Kind::kFp16) {
+      for (; i + 8 <= m; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    }
+#endif
+    for (; i < m; ++i) x[i] = from_wire(h[i]);
+  }
+
   void encode(const EncodeArgs& a) const override {
     alignas(64) float xs[kPiece];
     alignas(64) float ds[kPiece];
@@ -83,11 +111,11 @@ class CastCodec final : public Codec {
         for (size_t i = 0; i < m; ++i) xs[i] = codec::add_rn(x[i], r[i]);
         x = xs;
       }
-      for (size_t i = 0; i < m; ++i) hs[i] = to_wire(x[i]);
+      to_wire_n(x, hs, m);
       std::memcpy(a.out + 2 * at, hs, 2 * m);
       if (a.out2) std::memcpy(a.out2 + 2 * at, hs, 2 * m);
       if (a.residual || a.decoded) {
-        for (size_t i = 0; i < m; ++i) ds[i] = from_wire(hs[i]);
+        from_wire_n(hs, ds, m);
         finish_encode(a, at, x, ds, m);
       }
     }
@@ -99,7 +127,7 @@ class CastCodec final : public Codec {
     for (size_t at = 0; at < a.n; at += kPiece) {
       const size_t m = std::min(kPiece, a.n - at);
       std::memcpy(hs, a.in + 2 * at, 2 * m);
-      for (size_t i = 0; i < m; ++i) ds[i] = from_wire(hs[i]);
+      from_wire_n(hs, ds, m);
       finish(a, at, ds, m);
     }
   }
@@ -150,9 +178,17 @@ class BlockCodec final : public Codec {
           for (size_t i = 0; i < m; ++i) qs[i] = static_cast<int8_t>(codec::quantize_nearest(x[i], inv, kQmax));
         } else {
           const uint64_t index = a.index + at;
-          for (size_t i = 0; i < m; ++i) {
-            const float u = codec::uniform01(codec::random_bits(a.key, index + i));
-            qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
+          const uint32_t lo = static_cast<uint32_t>(index), hi = static_cast<uint32_t>(index >> 32);
+          if (lo <= UINT32_MAX - m) {  // the common case, in 32-bit lanes: the block does not cross 2^32
+            for (size_t i = 0; i < m; ++i) {
+              const float u = codec::uniform01(codec::random_bits32(a.key, lo + static_cast<uint32_t>(i), hi));
+              qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
+            }
+          } else {
+            for (size_t i = 0; i < m; ++i) {
+              const float u = codec::uniform01(codec::random_bits(a.key, index + i));
+              qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
+            }
           }
         }
       }

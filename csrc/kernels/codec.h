@@ -112,8 +112,11 @@ PYCOLL_HD uint32_t mix32(uint32_t x) {
   x ^= x >> 16;
   return x;
 }
+PYCOLL_HD uint32_t random_bits32(uint32_t key, uint32_t index_lo, uint32_t index_hi) {
+  return mix32(mix32(index_lo ^ key) + index_hi);
+}
 PYCOLL_HD uint32_t random_bits(uint32_t key, uint64_t index) {
-  return mix32(mix32(static_cast<uint32_t>(index) ^ key) + static_cast<uint32_t>(index >> 32));
+  return random_bits32(key, static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32));
 }
 // Uniform in [0, 1) with 24 random bits.
 PYCOLL_HD float uniform01(uint32_t bits) {
@@ -141,8 +144,12 @@ PYCOLL_HD int32_t quantize_stochastic(float x, float inv, int32_t qmax, float u)
   return static_cast<int32_t>(clamp_code(floorf(add_rn(mul_rn(x, inv), u)), qmax));
 }
 // The code's value; +-qmax decodes to exactly +-absmax, so a constant block round-trips exactly.
+// (Written with float compares and both arms computed, which compilers turn into vector selects.)
 PYCOLL_HD float dequantize(int32_t q, float absmax, float step, int32_t qmax) {
-  return q == qmax ? absmax : (q == -qmax ? -absmax : mul_rn(static_cast<float>(q), step));
+  const float qf = static_cast<float>(q);
+  const float lim = static_cast<float>(qmax);
+  const float v = mul_rn(qf, step);
+  return qf == lim ? absmax : (qf == -lim ? -absmax : v);
 }
 
 // int4 nibbles
@@ -160,7 +167,8 @@ PYCOLL_HD int32_t int4_hi(uint8_t b) {
 // What encoding lost, to be added back before the next encode; 0 where the decoded value is NaN or Inf,
 // so that one poisoned step does not poison every later one.
 PYCOLL_HD float residual_of(float x, float decoded, float scale) {
-  return (abs_bits(decoded) < 0x7f800000u) ? mul_rn(sub_rn(x, decoded), scale) : 0.0f;
+  const float r = mul_rn(sub_rn(x, decoded), scale);
+  return fabsf(decoded) <= FLT_MAX ? r : 0.0f;  // false for NaN and +-Inf
 }
 
 }  // namespace pycoll::codec

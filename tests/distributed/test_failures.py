@@ -31,6 +31,7 @@ from _inputs import bits_of, expected_bits, expected_values, make_input
 from harness import RankExited, run_ranks
 
 import pycoll
+from pycoll.compression import Int8
 
 SHM = Path("/dev/shm")
 #: /dev/shm entries other programs on this machine create (Open MPI, multiprocessing, torch, OpenMP):
@@ -78,11 +79,12 @@ def shm_mappings() -> list[str]:
 
 
 def _call(name: str, comm, rank: int, world: int, *, timeout=None, async_op=False, count=1000,
-          dtype="float32", op="sum", algorithm="auto", root=0):
+          dtype="float32", op="sum", algorithm="auto", root=0, compression=None):
     """One collective of the given kind with inputs of the given shape."""
     if name == "allreduce":
         x = np.ones(count, dtype=dtype)
-        return pycoll.allreduce(x, op, algorithm=algorithm, comm=comm, timeout=timeout, async_op=async_op)
+        return pycoll.allreduce(x, op, algorithm=algorithm, comm=comm, timeout=timeout, async_op=async_op,
+                                compression=compression)
     if name == "broadcast":
         x = np.full(count, rank, dtype=dtype)
         return pycoll.broadcast(x, root, algorithm=algorithm, comm=comm, timeout=timeout, async_op=async_op)
@@ -286,6 +288,9 @@ MISMATCHES = {
     # a rank with nothing to move must still find out
     "count-zero": (dict(count=1000), dict(count=0), ("count", "1000", "count=0")),
     "barrier": (dict(collective="allreduce", count=0), dict(collective="barrier"), ("allreduce", "barrier")),
+    "codec": (dict(compression="int8"), dict(compression="int4"), ("codec", "int8", "int4")),
+    "codec-block": (dict(compression="int8"), dict(compression=Int8(block=32)), ("codec", "block=32")),
+    "codec-none": (dict(compression="fp16"), dict(), ("codec", "fp16")),
 }
 
 
@@ -388,7 +393,20 @@ def _bad_cases(world: int):
         ("tree reduce_scatter", lambda: pycoll.reduce_scatter(np.ones(world * 4, np.float32),
                                                               np.ones(4, np.float32), algorithm="tree"),
          ("algorithm",)),
-        ("compression", lambda: pycoll.allreduce(f32.copy(), compression="int8"), ("compression",)),
+        ("compression on int32", lambda: pycoll.allreduce(np.ones(4, np.int32), compression="int8"),
+         ("int32", "float32")),
+        ("compression on float64", lambda: pycoll.allreduce(np.ones(4, np.float64), compression="fp16"),
+         ("float64",)),
+        ("compression with max", lambda: pycoll.allreduce(f32.copy(), "max", compression="int4"), ("op",)),
+        ("unknown codec", lambda: pycoll.allreduce(f32.copy(), compression="int3"), ("compression", "int8")),
+        ("residual without codec", lambda: pycoll.allreduce(f32.copy(), residual=f32.copy()),
+         ("compression",)),
+        ("residual wrong size", lambda: pycoll.allreduce(f32.copy(), compression="int8",
+                                                         residual=np.zeros(15, np.float32)),
+         ("residual", "16")),
+        ("residual wrong dtype", lambda: pycoll.allreduce(f32.copy(), compression="int8",
+                                                          residual=np.zeros(16, np.float64)), ("float32",)),
+        ("residual aliases x", lambda: pycoll.allreduce(f32, compression="int8", residual=f32), ("overlap",)),
         ("timeout 0", lambda: pycoll.allreduce(f32.copy(), timeout=0), ("timeout",)),
         ("timeout negative", lambda: pycoll.barrier(timeout=-1), ("timeout",)),
         ("root out of range", lambda: pycoll.broadcast(f32.copy(), world), ("root",)),
