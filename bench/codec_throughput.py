@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| {'kernel':34s} | {'GB/s':>6s} | {'x memcpy':>8s} |")
     print(f"|{'-' * 36}|{'-' * 8}|{'-' * 10}|")
     for name in kernels:
-        print(f"| {name:34s} | {statistics.median(gbs[name]):6.1f} | {statistics.median(ratios[name]):8.2f} |")
+        gb, ratio = statistics.median(gbs[name]), statistics.median(ratios[name])
+        print(f"| {name:34s} | {gb:6.1f} | {ratio:8.2f} |")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ from typing import Any, Callable, TypeVar, Union
 import numpy as np
 
 from pycoll.algorithms import ALGORITHMS
+from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.algorithms.select import select_algorithm
 from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
-from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
 from pycoll.comm import Communicator
 from pycoll.compression import CODEC_DTYPES, Codec, ErrorFeedback, get_codec
@@ -192,7 +192,7 @@ def _launch(
 
 
 def _compression(
-    compression: Any, residual: Any, buf: Buffer, op: str, algorithm: str
+    comm: Communicator, compression: Any, residual: Any, buf: Buffer, op: str
 ) -> tuple[Codec | None, Buffer | None]:
     """The codec and residual of a compressed all-reduce, validated before anything is sent."""
     codec = get_codec(compression)
@@ -200,6 +200,11 @@ def _compression(
         if residual is not None:
             raise InvalidUsageError("residual= (error feedback) needs compression=")
         return None, None
+    if codec.block_bytes > comm.fragment_bytes:
+        raise InvalidUsageError(
+            f"{codec!r} encodes a block into {codec.block_bytes} bytes, more than one transport fragment "
+            f"({comm.fragment_bytes} bytes, PYCOLL_SHM_SLOT_BYTES); use a smaller block"
+        )
     if buf.dtype not in CODEC_DTYPES:
         raise InvalidUsageError(
             f"compression={codec!r} needs {', '.join(CODEC_DTYPES)} data, got {buf.dtype}; "
@@ -214,7 +219,8 @@ def _compression(
     res = as_buffer(residual, "residual", writable=True)
     if res.dtype != "float32" or res.count != buf.count:
         raise InvalidUsageError(
-            f"residual must be float32 with as many elements as x ({buf.count}), got {res.count} x {res.dtype}"
+            f"residual must be float32 with as many elements as x ({buf.count}), "
+            f"got {res.count} x {res.dtype}"
         )
     if res.overlaps(buf):
         raise InvalidUsageError("residual must not overlap x")
@@ -246,7 +252,7 @@ def allreduce(
     c = get_comm(comm)
     buf = as_buffer(x, "x", writable=True)
     code = op_code(op, buf)
-    codec, res = _compression(compression, residual, buf, op, algorithm)
+    codec, res = _compression(c, compression, residual, buf, op)
     if codec is not None and algorithm == "auto":
         algo = DEFAULT_COMPRESSED_ALGORITHM
     else:

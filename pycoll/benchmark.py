@@ -20,6 +20,15 @@ What is reported follows nccl-tests (see DESIGN.md, "Measuring"):
 
 The sum is exact in float32 up to several thousand ranks (every partial sum is an integer below 2**24),
 so a correct all-reduce reports 0 whatever order it adds in.
+
+Lossy all-reduce (compression, ``pycoll bench --compression``): the caller passes ``inputs=``, an
+``Inputs`` object that gives each rank's input and judges a result (``ExactInputs``, the default, is the
+pattern above). For a codec, pycoll/cli/bench.py gives Gaussian inputs (``gaussian_input``), counts as
+``#wrong`` the elements outside the codec's derived error bound, and reports ``error``, the relative L2
+error ||out - exact|| / ||exact|| against the float64 exact sum (worst iteration, worst rank). ``bytes``
+stays the uncompressed size, so algbw and busbw are *effective* bandwidths. ``run_interleaved_sweep``
+times several variants (e.g. no codec and int8) size by size, A B A B, so their ratios come from the
+same minutes of a noisy machine.
 """
 
 from __future__ import annotations
@@ -43,7 +52,10 @@ else:
 # `pycoll bench`) and must stay fast.
 
 __all__ = [
+    "ExactInputs",
+    "Inputs",
     "Result",
+    "Variant",
     "add_sweep_arguments",
     "bus_factor",
     "default_iters",
@@ -55,14 +67,17 @@ __all__ = [
     "format_row",
     "format_size",
     "format_table",
+    "gaussian_input",
     "make_result",
     "memcpy_bandwidth",
     "parse_size",
     "rank_input",
     "read_json_lines",
+    "relative_error",
     "result_to_dict",
     "run_allreduce_sweep",
     "run_and_report",
+    "run_interleaved_sweep",
     "sweep_kwargs",
     "sweep_sizes",
 ]
@@ -70,6 +85,8 @@ __all__ = [
 AllReduceFn = Callable[["np.ndarray"], Any]
 BarrierFn = Callable[[], Any]
 ReduceMaxFn = Callable[["np.ndarray"], "np.ndarray"]
+#: Judges one result on one rank: (elements wrong / outside the bound, relative L2 error or None).
+JudgeFn = Callable[["np.ndarray"], "tuple[int, float | None]"]
 
 # Iteration counts when the caller gives none: about 128 MiB of payload per size, between 5 and 100
 # timed iterations, plus a fifth of that (at least 2) as warm-up; and fewer timed iterations when the
@@ -99,6 +116,10 @@ class Result:
     world: int
     iters: int
     warmup: int
+    #: "none", or the codec the all-reduce compressed with (``bytes`` is still the uncompressed size).
+    codec: str = "none"
+    #: ||out - exact|| / ||exact|| of the worst checked iteration and rank (None when not checked).
+    rel_error: float | None = None
 
 
 def bus_factor(world: int) -> float:
@@ -120,8 +141,11 @@ def make_result(
     redop: str = "sum",
     iters: int = 0,
     warmup: int = 0,
+    codec: str = "none",
+    rel_error: float | None = None,
 ) -> Result:
-    """Build a ``Result``, deriving algbw and busbw from ``nbytes`` and ``time_us``."""
+    """Build a ``Result``, deriving algbw and busbw from ``nbytes`` and ``time_us`` (for a compressed
+    all-reduce ``nbytes`` is the uncompressed size: effective bandwidth)."""
     import numpy as np
 
     algbw = nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 else math.inf
@@ -137,6 +161,8 @@ def make_result(
         world=world,
         iters=iters,
         warmup=warmup,
+        codec=codec,
+        rel_error=rel_error,
     )
 
 
@@ -185,6 +211,71 @@ def expected_sum(world: int, count: int, dtype: DTypeLike = "float32") -> np.nda
     return pattern.astype(dtype)
 
 
+def relative_error(out: np.ndarray, exact: np.ndarray) -> float:
+    """||out - exact|| / ||exact|| (L2, in float64); 0 when both are zero, inf when only ``exact`` is.
+
+    Computed without BLAS: OpenBLAS's threads spin for a while after a call (np.linalg.norm, np.dot)
+    and would take the cores from the ranks of the next timed iteration."""
+    import numpy as np
+
+    exact64 = np.asarray(exact, dtype=np.float64)
+    diff = math.sqrt(float(np.sum(np.square(np.asarray(out, dtype=np.float64) - exact64))))
+    norm = math.sqrt(float(np.sum(np.square(exact64))))
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / norm
+
+
+def gaussian_input(rank: int, count: int, seed: int = 0, dtype: DTypeLike = "float32") -> np.ndarray:
+    """Rank ``rank``'s Gaussian input (mean 0, standard deviation 1): a pure function of (rank, count,
+    seed), so every rank can rebuild every rank's input and the exact sum."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, rank, count])
+    return rng.standard_normal(count, dtype=np.float32).astype(dtype, copy=False)
+
+
+class Inputs:
+    """What a sweep feeds the all-reduce and how it judges the result (subclass and override both)."""
+
+    def input(self, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
+        """Rank ``rank``'s input for one size (re-filled before every checked iteration)."""
+        raise NotImplementedError
+
+    def judge(self, rank: int, world: int, count: int, dtype: DTypeLike) -> JudgeFn:
+        """A function judging rank ``rank``'s result for one size (made once per size, only when
+        checking): it returns how many elements are wrong and the relative L2 error (or None)."""
+        raise NotImplementedError
+
+
+class ExactInputs(Inputs):
+    """``rank_input`` / ``expected_sum``: exact in float32, so any differing element is wrong."""
+
+    def input(self, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
+        return rank_input(rank, count, dtype)
+
+    def judge(self, rank: int, world: int, count: int, dtype: DTypeLike) -> JudgeFn:
+        import numpy as np
+
+        expected = expected_sum(world, count, dtype)
+
+        def judge(x: np.ndarray) -> tuple[int, float | None]:
+            wrong = int(np.count_nonzero(x != expected))
+            return wrong, (relative_error(x, expected) if wrong else 0.0)
+
+        return judge
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One of the all-reduces ``run_interleaved_sweep`` compares: a label (the codec, "none" without),
+    the in-place all-reduce and its inputs (``None``: ``ExactInputs``)."""
+
+    codec: str
+    allreduce: AllReduceFn
+    inputs: Inputs | None = None
+
+
 def run_allreduce_sweep(
     allreduce: AllReduceFn,
     barrier: BarrierFn,
@@ -201,6 +292,8 @@ def run_allreduce_sweep(
     dtype: DTypeLike = "float32",
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S,
     on_result: Callable[[Result], None] | None = None,
+    inputs: Inputs | None = None,
+    codec: str = "none",
 ) -> list[Result]:
     """Time an in-place sum all-reduce for each size of the sweep; every rank must call this.
 
@@ -214,8 +307,48 @@ def run_allreduce_sweep(
     with ``iters=None`` the timed count is further lowered (not below 5) when the warm-up shows that
     it would take the slowest rank more than ``time_budget_s`` seconds (``None``: no limit).
     ``on_result`` is called with each size's ``Result`` as soon as it is known (on every rank).
-    Every rank returns the same list.
+    ``inputs`` gives the inputs and judges results (``ExactInputs`` when ``None``); ``codec`` labels
+    the results. Every rank returns the same list.
     """
+    variant = Variant(codec, allreduce, inputs)
+    return run_interleaved_sweep(
+        [variant],
+        barrier,
+        reduce_max,
+        rank,
+        world,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        factor=factor,
+        iters=iters,
+        warmup=warmup,
+        check=check,
+        dtype=dtype,
+        time_budget_s=time_budget_s,
+        on_result=on_result,
+    )
+
+
+def run_interleaved_sweep(
+    variants: Sequence[Variant],
+    barrier: BarrierFn,
+    reduce_max: ReduceMaxFn,
+    rank: int,
+    world: int,
+    *,
+    min_bytes: int = 4096,
+    max_bytes: int = 64 << 20,
+    factor: int | float = 2,
+    iters: int | None = None,
+    warmup: int | None = None,
+    check: bool = True,
+    dtype: DTypeLike = "float32",
+    time_budget_s: float | None = DEFAULT_TIME_BUDGET_S,
+    on_result: Callable[[Result], None] | None = None,
+) -> list[Result]:
+    """``run_allreduce_sweep`` for several variants, interleaved: for each size every variant in turn
+    (A B C, A B C, ...), so variants compared on a noisy machine are timed in the same minutes.
+    Returns the results size by size, variant by variant within a size."""
     import numpy as np
 
     if not 0 <= rank < world:
@@ -224,6 +357,8 @@ def run_allreduce_sweep(
         raise ValueError(f"iters must be >= 1, got {iters}")
     if warmup is not None and warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if not variants:
+        raise ValueError("no variants to time")
     dt = np.dtype(dtype)
     results: list[Result] = []
     for nbytes in sweep_sizes(min_bytes, max_bytes, factor):
@@ -231,12 +366,25 @@ def run_allreduce_sweep(
         n_iters = iters if iters is not None else default_iters(nbytes)
         n_warmup = warmup if warmup is not None else default_warmup(nbytes)
         budget = time_budget_s if iters is None else None
-        result = _time_one_size(
-            allreduce, barrier, reduce_max, rank, world, count, dt, n_iters, n_warmup, check, budget
-        )
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+        for variant in variants:
+            result = _time_one_size(
+                variant.allreduce,
+                barrier,
+                reduce_max,
+                rank,
+                world,
+                count,
+                dt,
+                n_iters,
+                n_warmup,
+                check,
+                budget,
+                variant.inputs if variant.inputs is not None else ExactInputs(),
+                variant.codec,
+            )
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
     return results
 
 
@@ -252,13 +400,17 @@ def _time_one_size(
     n_warmup: int,
     check: bool,
     budget_s: float | None,
+    inputs: Inputs,
+    codec: str,
 ) -> Result:
     import numpy as np
 
-    template = rank_input(rank, count, dt)
-    expected = expected_sum(world, count, dt) if check else None
+    template = inputs.input(rank, world, count, dt)
+    judge = inputs.judge(rank, world, count, dt) if check else None
     x = template.copy()
     wrong_counts: list[int] = []  # this rank's wrong elements, per iteration (warm-up included)
+    worst_error = 0.0  # this rank's largest relative error over the iterations (nan counted as inf)
+    error_known = check
 
     def iteration(first: bool) -> int:
         """One iteration: re-fill (when checking), barrier, timed all-reduce, check. Returns ns."""
@@ -268,8 +420,14 @@ def _time_one_size(
         t0 = time.perf_counter_ns()
         allreduce(x)
         t1 = time.perf_counter_ns()
-        if expected is not None:
-            wrong_counts.append(int(np.count_nonzero(x != expected)))
+        if judge is not None:
+            nonlocal worst_error, error_known
+            wrong, error = judge(x)
+            wrong_counts.append(int(wrong))
+            if error is None:
+                error_known = False
+            else:
+                worst_error = max(worst_error, math.inf if math.isnan(error) else float(error))
         return t1 - t0
 
     start = time.perf_counter_ns()
@@ -288,16 +446,30 @@ def _time_one_size(
 
     # Combine across ranks with one reduce_max: the per-iteration times, then a (iterations x world)
     # matrix in which this rank fills only its own column with its wrong counts, so that after the
-    # element-wise max every rank holds every rank's counts.
+    # element-wise max every rank holds every rank's counts; when checking, last, the worst relative
+    # error and a flag set by any rank that could not give one (then it is unknown for all).
     wrong = np.zeros((len(wrong_counts), world), dtype=np.float64)
     wrong[:, rank] = wrong_counts
-    combined = np.asarray(reduce_max(np.concatenate([times_ns, wrong.ravel()])), dtype=np.float64)
+    parts = [times_ns, wrong.ravel()]
+    if check:
+        parts.append(np.array([worst_error, 0.0 if error_known else 1.0], dtype=np.float64))
+    combined = np.asarray(reduce_max(np.concatenate(parts)), dtype=np.float64)
     slowest_ns = combined[:n_iters]
-    wrong_all = combined[n_iters:].reshape(wrong.shape)
+    wrong_all = combined[n_iters : n_iters + wrong.size].reshape(wrong.shape)
     time_us = float(statistics.median(slowest_ns.tolist())) / 1e3
     n_wrong = int(wrong_all.sum(axis=1).max()) if check else None
+    rel_error = float(combined[-2]) if check and combined[-1] == 0 else None
     return make_result(
-        count * dt.itemsize, count, dt, time_us, world, wrong=n_wrong, iters=n_iters, warmup=n_warmup
+        count * dt.itemsize,
+        count,
+        dt,
+        time_us,
+        world,
+        wrong=n_wrong,
+        iters=n_iters,
+        warmup=n_warmup,
+        codec=codec,
+        rel_error=rel_error,
     )
 
 
@@ -315,47 +487,82 @@ _COLUMNS = (
     ("busbw", "(GB/s)", 7),
     ("#wrong", "", 6),
 )
+# With a codec: which one, after redop, and the relative error, before #wrong (which stays last).
+_CODEC_COLUMNS = _COLUMNS[:4] + (("codec", "", 6),) + _COLUMNS[4:7] + (("error", "(rel)", 8),) + _COLUMNS[7:]
 _COLUMN_SEP = "  "
 
 
-def format_header(title: str | None = None) -> str:
-    """The table's title (if any) and two header lines, each starting with '#' as in nccl-tests."""
-    names = _COLUMN_SEP.join(f"{name:>{width}}" for name, _, width in _COLUMNS)
-    units = _COLUMN_SEP.join(f"{unit:>{width}}" for _, unit, width in _COLUMNS)
+def _columns(codec_columns: bool) -> tuple[tuple[str, str, int], ...]:
+    return _CODEC_COLUMNS if codec_columns else _COLUMNS
+
+
+def _has_codec(results: Sequence[Result]) -> bool:
+    return any(r.codec != "none" for r in results)
+
+
+def format_header(title: str | None = None, *, codec_columns: bool = False) -> str:
+    """The table's title (if any) and two header lines, each starting with '#' as in nccl-tests.
+    ``codec_columns`` adds the codec and its relative error (compressed runs)."""
+    columns = _columns(codec_columns)
+    names = _COLUMN_SEP.join(f"{name:>{width}}" for name, _, width in columns)
+    units = _COLUMN_SEP.join(f"{unit:>{width}}" for _, unit, width in columns)
     lines = [f"# {title}"] if title else []
     lines += ["#" + names[1:], "#" + units[1:]]
     return "\n".join(lines)
 
 
-def format_row(result: Result) -> str:
-    """One table line for ``result``."""
+def _format_error(error: float | None) -> str:
+    return "N/A" if error is None else f"{error:.2e}"
+
+
+def format_row(result: Result, *, codec_columns: bool | None = None) -> str:
+    """One table line for ``result`` (with codec columns when ``codec_columns``; by default when
+    ``result`` was compressed)."""
+    if codec_columns is None:
+        codec_columns = result.codec != "none"
     wrong = "N/A" if result.wrong is None else str(result.wrong)
-    values = (
-        str(result.bytes),
-        str(result.count),
-        result.dtype,
-        result.redop,
-        f"{result.time_us:.2f}" if result.time_us < 1e6 else f"{result.time_us:.4g}",
-        f"{result.algbw_GBps:.2f}",
-        f"{result.busbw_GBps:.2f}",
-        wrong,
-    )
-    cells = (f"{value:>{width}}" for value, (_, _, width) in zip(values, _COLUMNS))
+    time_us = f"{result.time_us:.2f}" if result.time_us < 1e6 else f"{result.time_us:.4g}"
+    values: tuple[str, ...] = (str(result.bytes), str(result.count), result.dtype, result.redop)
+    if codec_columns:
+        values += (result.codec,)
+    values += (time_us, f"{result.algbw_GBps:.2f}", f"{result.busbw_GBps:.2f}")
+    if codec_columns:
+        values += (_format_error(result.rel_error),)
+    values += (wrong,)
+    cells = (f"{value:>{width}}" for value, (_, _, width) in zip(values, _columns(codec_columns)))
     return _COLUMN_SEP.join(cells)
 
 
 def format_footer(results: Sequence[Result]) -> str:
-    """Summary lines: wrong-result count and average bus bandwidth, as nccl-tests ends its output."""
+    """Summary lines: wrong-result count and average bus bandwidth, as nccl-tests ends its output.
+
+    With compressed results "out of bounds" counts elements outside the codec's error bound, and the
+    average bus bandwidth and the largest relative error are given per codec."""
     known = [r.wrong for r in results if r.wrong is not None]
     wrong = str(sum(known)) if known else "N/A"
-    avg = statistics.fmean(r.busbw_GBps for r in results) if results else 0.0
-    return f"# Out of bounds values : {wrong}\n# Avg bus bandwidth    : {avg:.3f}"
+    if not _has_codec(results):
+        avg = statistics.fmean(r.busbw_GBps for r in results) if results else 0.0
+        return f"# Out of bounds values : {wrong}\n# Avg bus bandwidth    : {avg:.3f}"
+    codecs = list(dict.fromkeys(r.codec for r in results))
+    avgs, errors = [], []
+    for codec in codecs:
+        rows = [r for r in results if r.codec == codec]
+        avgs.append(f"{codec} {statistics.fmean(r.busbw_GBps for r in rows):.3f}")
+        errs = [r.rel_error for r in rows]
+        worst = None if any(e is None for e in errs) else max(e for e in errs if e is not None)
+        errors.append(f"{codec} {_format_error(worst)}")
+    return (
+        f"# Out of bounds values : {wrong}\n"
+        f"# Avg bus bandwidth    : {', '.join(avgs)}\n"
+        f"# Max rel. error       : {', '.join(errors)}"
+    )
 
 
 def format_table(results: Sequence[Result], title: str | None = None) -> str:
-    """The whole table: header, one row per result, footer."""
-    parts = [format_header(title)]
-    parts += [format_row(r) for r in results]
+    """The whole table: header, one row per result, footer (codec columns if any result has a codec)."""
+    codec_columns = _has_codec(results)
+    parts = [format_header(title, codec_columns=codec_columns)]
+    parts += [format_row(r, codec_columns=codec_columns) for r in results]
     parts.append(format_footer(results))
     return "\n".join(parts)
 
@@ -505,7 +712,7 @@ def _print_flush(line: str) -> None:
 
 
 def run_and_report(
-    allreduce: AllReduceFn,
+    allreduce: AllReduceFn | None,
     barrier: BarrierFn,
     reduce_max: ReduceMaxFn,
     rank: int,
@@ -515,22 +722,32 @@ def run_and_report(
     title: str,
     meta: dict[str, Any] | None = None,
     print_fn: Callable[[str], None] | None = None,
+    variants: Sequence[Variant] | None = None,
 ) -> list[Result]:
     """Run ``run_allreduce_sweep`` with the flags of ``add_sweep_arguments``; rank 0 prints the table
     row by row as sizes finish and, with ``--json FILE``, writes one JSON line per size carrying
-    ``meta`` (library, algorithm, versions...) besides the ``Result`` fields."""
+    ``meta`` (library, algorithm, versions...) besides the ``Result`` fields.
+
+    With ``variants`` (then ``allreduce`` is ignored and may be None) they are timed interleaved
+    (``run_interleaved_sweep``), one row per size and variant, with codec columns if any variant has a
+    codec."""
     lead = rank == 0
     if print_fn is None:
         print_fn = _print_flush
+    if variants is None:
+        if allreduce is None:
+            raise ValueError("run_and_report needs allreduce or variants")
+        variants = [Variant("none", allreduce)]
+    codec_columns = any(v.codec != "none" for v in variants)
 
     def show(result: Result) -> None:
         if lead:
-            print_fn(format_row(result))
+            print_fn(format_row(result, codec_columns=codec_columns))
 
     if lead:
-        print_fn(format_header(title))
-    results = run_allreduce_sweep(
-        allreduce, barrier, reduce_max, rank, world, on_result=show, **sweep_kwargs(args)
+        print_fn(format_header(title, codec_columns=codec_columns))
+    results = run_interleaved_sweep(
+        variants, barrier, reduce_max, rank, world, on_result=show, **sweep_kwargs(args)
     )
     if lead:
         print_fn(format_footer(results))

@@ -125,6 +125,7 @@ class Communicator:
         # Counted so that a rank hosting the store keeps it up until every rank is past the barrier.
         self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
+        self.fragment_bytes = int(self._native.fragment_bytes)
         log.info(
             "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
             "spin %d us, yield %d us, reduce loops %s",
@@ -155,7 +156,8 @@ class Communicator:
         else:
             segment_elems = max(1, self.segment_bytes // itemsize)
             p = build_plan(
-                collective, algorithm, self.rank, self.world_size, count, root=root, segment_elems=segment_elems
+                collective, algorithm, self.rank, self.world_size, count, root=root,
+                segment_elems=segment_elems,
             )
         table, starts = p.to_table()
         plan = _C.NativePlan(

@@ -94,8 +94,7 @@ class UserCodec final : public Codec {
     if (a.out2) std::memcpy(a.out2, a.out, bytes);
     if (!need_decoded) return;
     ds = scratch.data() + (a.residual ? a.n : 0);
-    std::fill(ds, ds + a.n, 0.0f);
-    dec_(a.out, static_cast<int64_t>(a.n), ds, 1);
+    dec_(a.out, static_cast<int64_t>(a.n), ds, 0);  // not onto zeros: 0 + -0 would lose the sign
     if (a.residual)
       for (size_t i = 0; i < a.n; ++i) a.residual[i] = codec::residual_of(x[i], ds[i], a.residual_scale);
     if (a.decoded) std::memcpy(a.decoded, ds, a.n * sizeof(float));

@@ -36,10 +36,10 @@ std::string join_ranks(const std::vector<int>& ranks) {
 }  // namespace
 
 void Executor::run(const NativePlan& plan, const RunArgs& args) {
+  check_codec_plan(plan, args);  // before anything is sent: every rank makes the same call and raises alike
   uint64_t seq = ++seq_;
   t_.begin_collective(seq, args.desc);  // throws the original error if the communicator was aborted
   try {
-    check_codec_plan(plan, args);
     run_steps(plan, args);
   } catch (const Error& e) {
     t_.abort(e);

@@ -143,7 +143,8 @@ PYCOLL_HD int32_t quantize_nearest(float x, float inv, int32_t qmax) {
 PYCOLL_HD int32_t quantize_stochastic(float x, float inv, int32_t qmax, float u) {
   return static_cast<int32_t>(clamp_code(floorf(add_rn(mul_rn(x, inv), u)), qmax));
 }
-// The code's value; +-qmax decodes to exactly +-absmax, so a constant block round-trips exactly.
+// The code's value; +-qmax decodes to exactly +-absmax, so a constant block round-trips exactly (unless
+// its magnitude is below ~3.7e-37, where the clamped reciprocal takes over).
 // (Written with float compares and both arms computed, which compilers turn into vector selects.)
 PYCOLL_HD float dequantize(int32_t q, float absmax, float step, int32_t qmax) {
   const float qf = static_cast<float>(q);

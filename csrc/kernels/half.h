@@ -1,6 +1,6 @@
 // float16 / bfloat16 <-> float32 conversions on raw bits, usable from host C++ and CUDA alike so that
 // CPU and GPU results match bit for bit. Rounding is IEEE round-to-nearest-even; NaN stays NaN (made
-// quiet), infinities and subnormals are exact.
+// quiet both ways), infinities and subnormals are exact.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +41,8 @@ PYCOLL_HD float half_to_float(uint16_t h) {
     float v = static_cast<float>(mant) * 5.9604644775390625e-08f;
     return bits_as_float(float_as_bits(v) | sign);
   }
-  if (exp == 31) return bits_as_float(sign | 0x7f800000u | (mant << 13));
+  // Inf, or NaN made quiet with its payload kept (as F16C's vcvtph2ps does, so vector and scalar agree)
+  if (exp == 31) return bits_as_float(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
   return bits_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pycoll.algorithms import build_plan
-from pycoll.algorithms.plan import Buf, Op, OpKind, Plan, WRITES_DST
+from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan
 
 #: The default algorithm with a codec: each element is quantized at most twice.
 DEFAULT_COMPRESSED_ALGORITHM = "direct"

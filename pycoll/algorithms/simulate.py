@@ -35,13 +35,29 @@ Before running, every plan is checked (``check_plan``) and rejected with ``PlanE
 While running it raises ``DeadlockError`` (no rank can progress; the message says who waits for whom),
 ``CountMismatchError`` (a message's count differs from the receiving op's) and, at the end,
 ``UnmatchedMessageError`` (messages sent that nobody received).
+
+Compressed plans (``codec=``; plan.py, "Compressed plans", and ``codec_recv`` / ``pump_send`` in
+csrc/engine/executor.cc): float32 inputs, op sum or avg, INPUT and OUTPUT aliased. Every message carries
+the codec's encoding of its op's elements (``pycoll.compression.reference``, the same bits as the native
+codecs) and its element count. Each rank has an ENCODED buffer addressed like OUTPUT (element offset o is
+byte offset ``o // block * block_bytes``): RECV_COPY_SEND keeps the bytes it forwards there, and a
+finalizing RECV_REDUCE / RECV_REDUCE_COPY_SEND keeps the one encoding of its final value there; a SEND
+from ENCODED forwards those bytes (``PlanError`` if this rank never kept them). Receive-reduces decode
+and accumulate in float32 (``src (+ residual) + decode(msg)``, divided by the world size at an avg's
+finalize), and an op that sends or finalizes a reduced value encodes it and keeps the decoding of that
+encoding. With ``residuals`` (float32 per rank, updated in place), an op that reads INPUT adds the
+residual and sets it to 0, and every encode stores what it lost (times the world size at an avg's
+finalize). Stochastic rounding uses ``rounding_key(seed, rank, seq)``, element indices being buffer
+offsets. The plan checks also require block-aligned offsets, no COPY, no SEND of OUTPUT, and ENCODED
+only as the source of a SEND. ``bytes_per_link`` then counts encoded bytes, and ``quantizations`` says
+how many encodes the most-quantized contribution to each element went through.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -58,6 +74,8 @@ REDUCE_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "max": np.maximum,
 }
 
+_Maybe = Optional[np.ndarray]
+
 REDUCING = frozenset({OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND})
 HALF_DTYPES = frozenset({"float16", "bfloat16"})  # stored in 16 bits, computed in float32
 
@@ -67,7 +85,8 @@ class SimulationError(Exception):
 
 
 class PlanError(SimulationError):
-    """A plan is malformed or ambiguous (found before anything runs)."""
+    """A plan is malformed or ambiguous (found before anything runs; for a compressed plan, also a SEND
+    from ENCODED of a region this rank never kept, found when the SEND is posted)."""
 
 
 class DeadlockError(SimulationError):
@@ -91,7 +110,7 @@ class SimResult:
     elements_per_link: dict[tuple[int, int], int]
     """(src rank, dst rank) -> elements sent, summed over messages; links never used are absent."""
     bytes_per_link: dict[tuple[int, int], int]
-    """elements_per_link times the itemsize (payload only, no headers)."""
+    """elements_per_link times the itemsize (payload only, no headers); with a codec, the encoded bytes."""
     messages_per_link: dict[tuple[int, int], int]
     """(src rank, dst rank) -> number of messages (empty ones included)."""
     steps_per_rank: list[int]
@@ -103,6 +122,9 @@ class SimResult:
     heard_from: list[frozenset[int]] = field(default_factory=list)
     """Per rank, the ranks whose messages causally precede its last op (itself included): for a
     barrier, and for any collective that synchronises all ranks, every rank."""
+    quantizations: list[np.ndarray] = field(default_factory=list)
+    """Compressed simulations only (else empty): per rank and OUTPUT element, the most encodes any
+    rank's input went through on its way into that element (0 for an element never encoded)."""
 
     @property
     def max_steps(self) -> int:
@@ -129,10 +151,17 @@ def _where(step: int, index: int, op: Op) -> str:
     return f"step {step} op {index} ({op.kind.name})"
 
 
-def check_plan(plan: Plan, inplace: bool) -> None:
-    """Static checks (see the module docstring); raises PlanError naming the step and op."""
+def check_plan(plan: Plan, inplace: bool, *, block: int | None = None) -> None:
+    """Static checks (see the module docstring); raises PlanError naming the step and op.
+
+    ``block`` is the codec's block (elements) when the plan is run compressed, None otherwise: only then
+    is ENCODED a buffer (the source of a SEND, addressed like OUTPUT), and the compressed rules apply.
+    """
     rank, world = plan.rank, plan.world
+    compressed = block is not None
     sizes = {Buf.INPUT: plan.input_count, Buf.OUTPUT: plan.output_count}
+    if compressed:
+        sizes[Buf.ENCODED] = plan.output_count
     if not 0 <= rank < world:
         raise PlanError(f"plan rank {rank} is not in [0, {world})")
     if inplace and plan.input_count != plan.output_count:
@@ -140,6 +169,8 @@ def check_plan(plan: Plan, inplace: bool) -> None:
                         f"{plan.output_count}")
 
     def space(buf: Buf) -> int:  # aliased buffers share one address space
+        if buf == Buf.ENCODED:  # kept by the ops that write the same region of OUTPUT
+            buf = Buf.OUTPUT
         return 0 if inplace else int(buf)
 
     for k, step in enumerate(plan.steps):
@@ -152,9 +183,24 @@ def check_plan(plan: Plan, inplace: bool) -> None:
                     raise PlanError(f"{where}: peer {peer} is not another rank of a world of {world}")
             for used, (buf, off), what in ((op.kind in READS_SRC, op.src, "reads"),
                                            (op.kind in WRITES_DST, op.dst, "writes")):
-                if used and not (0 <= off and off + op.count <= sizes[buf]):
+                if not used:
+                    continue
+                if buf not in sizes or (buf == Buf.ENCODED and (what == "writes" or op.kind != OpKind.SEND)):
+                    raise PlanError(f"{where} {what} {buf.name}: "
+                                    + ("only a compressed plan's SEND may read ENCODED" if compressed else
+                                       "ENCODED exists only in compressed plans (simulate with codec=)"))
+                if not (0 <= off and off + op.count <= sizes[buf]):
                     raise PlanError(f"{where} {what} {buf.name}[{off}:{off + op.count}] outside its "
                                     f"{sizes[buf]} elements")
+                if block is not None and ((off % block and off != sizes[buf])
+                                          or (op.count % block and off + op.count != sizes[buf])):
+                    raise PlanError(f"{where} {what} {buf.name}[{off}:{off + op.count}], which is not cut at "
+                                    f"codec blocks of {block} (only the buffer's last block may be short)")
+            if compressed and op.kind == OpKind.COPY:
+                raise PlanError(f"{where}: a compressed plan cannot COPY")
+            if compressed and op.kind == OpKind.SEND and op.src[0] == Buf.OUTPUT:
+                raise PlanError(f"{where} sends OUTPUT: a compressed plan sends final values from ENCODED, "
+                                f"the bytes encoded once by their owner")
             if op.kind in WRITES_DST:
                 if op.dst[0] == Buf.INPUT and not inplace:
                     raise PlanError(f"{where} writes INPUT in out-of-place collective {plan.collective!r}")
@@ -175,11 +221,13 @@ def check_plan(plan: Plan, inplace: bool) -> None:
 
 @dataclass
 class _Message:
-    data: np.ndarray
+    data: np.ndarray  # the elements, or with a codec their encoding
+    count: int        # elements
     time: int  # latency-model time at which it was sent
     know: int  # bitmask of the ranks the sender had heard from when it sent
     step: int
     index: int
+    depth: np.ndarray | None = None  # with a codec: per element, encodes so far (see SimResult.quantizations)
 
 
 @dataclass
@@ -217,6 +265,13 @@ class _Rank:
     clock: int = 0          # when the current step started (latency model)
     last_done: int = 0      # when the last in-order op of the current step completed
     finalized: list[tuple[Buf, int, int]] = field(default_factory=list)
+    # compressed simulations only
+    key: int = 0                              # stochastic-rounding key of this rank and collective
+    residual: np.ndarray | None = None        # error feedback, updated in place
+    encoded: np.ndarray | None = None         # ENCODED: bytes kept, at encoded offsets
+    kept: np.ndarray | None = None            # per OUTPUT element: whether ENCODED holds its bytes
+    depth: np.ndarray | None = None           # per element of the (aliased) buffer: encodes so far
+    kept_depth: np.ndarray | None = None      # the same for the bytes in ENCODED
 
 
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -224,8 +279,16 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum", *,
-             inplace: bool | None = None) -> SimResult:
-    """Run ``plans[r]`` on ``inputs[r]`` for every rank r; see the module docstring."""
+             inplace: bool | None = None, codec: Any = None, residuals: Sequence[np.ndarray] | None = None,
+             seed: int | None = None, seq: int = 1) -> SimResult:
+    """Run ``plans[r]`` on ``inputs[r]`` for every rank r; see the module docstring.
+
+    ``codec`` (a built-in ``pycoll.compression`` codec) runs the plans as compressed all-reduce plans;
+    ``residuals`` (one float32 array per rank, like its input) is their error feedback, updated in
+    place; ``seed`` (default: the codec's) and ``seq`` (the collective's number, 1 for a communicator's
+    first) give each rank's stochastic-rounding key ``rounding_key(seed, rank, seq)``, as the executor
+    computes it.
+    """
     world = len(plans)
     if world == 0:
         raise ValueError("no plans")
@@ -239,6 +302,21 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
     if op == "avg" and not np.issubdtype(compute, np.inexact):
         raise ValueError(f"avg needs a floating dtype, got {dtype}")
 
+    compressed = codec is not None
+    block = block_bytes = 0
+    if compressed:
+        from pycoll.compression import reference as codec_ref  # (only compressed simulations need it)
+
+        if dtype != np.float32 or op not in ("sum", "avg"):
+            raise ValueError(f"compressed plans run on float32 sums and averages, got {dtype} {op!r}")
+        block = int(codec.block_elems)
+        block_bytes = codec_ref.encoded_bytes(codec, block)  # (raises for a codec it does not implement)
+        seed = int(codec.seed) if seed is None else int(seed)
+    elif residuals is not None:
+        raise ValueError("residuals (error feedback) need codec=")
+    if residuals is not None and len(residuals) != world:
+        raise ValueError(f"{world} plans but {len(residuals)} residuals")
+
     ranks: list[_Rank] = []
     for r, (plan, x) in enumerate(zip(plans, inputs)):
         x = np.asarray(x)
@@ -250,14 +328,31 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         if x.size != plan.input_count:
             raise ValueError(f"inputs[{r}] has {x.size} elements, plan expects {plan.input_count}")
         aliased = _is_inplace(plan, inplace)
-        check_plan(plan, aliased)
+        if compressed and not aliased:
+            raise ValueError("compressed plans are in-place all-reduces: INPUT and OUTPUT must alias")
+        check_plan(plan, aliased, block=block if compressed else None)
         src = x.copy()
         dst = src if aliased else np.zeros(plan.output_count, dtype=dtype)
-        ranks.append(_Rank(plan, {Buf.INPUT: src, Buf.OUTPUT: dst}, np.zeros(plan.output_count, dtype=bool),
-                           [_split_step(step) for step in plan.steps], know=1 << r))
+        state = _Rank(plan, {Buf.INPUT: src, Buf.OUTPUT: dst}, np.zeros(plan.output_count, dtype=bool),
+                      [_split_step(step) for step in plan.steps], know=1 << r)
+        if compressed:
+            if residuals is not None:
+                res = residuals[r]
+                if not (isinstance(res, np.ndarray) and res.dtype == np.float32 and res.ndim == 1
+                        and res.size == plan.input_count and res.flags.c_contiguous and res.flags.writeable):
+                    raise ValueError(f"residuals[{r}] must be a writable contiguous 1-D float32 array of "
+                                     f"{plan.input_count} elements")
+                state.residual = res
+            state.key = codec_ref.rounding_key(seed or 0, r, seq)
+            state.encoded = np.zeros(codec_ref.encoded_bytes(codec, plan.output_count), dtype=np.uint8)
+            state.kept = np.zeros(plan.output_count, dtype=bool)
+            state.depth = np.zeros(plan.output_count, dtype=np.int64)
+            state.kept_depth = np.zeros(plan.output_count, dtype=np.int64)
+        ranks.append(state)
 
     channels: dict[tuple[int, int], deque[_Message]] = {}
     elements: dict[tuple[int, int], int] = {}
+    payload_bytes: dict[tuple[int, int], int] = {}
     messages: dict[tuple[int, int], int] = {}
     divisor = compute.type(world)
 
@@ -265,30 +360,105 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         buf, off = o.src
         return state.buffers[buf][off:off + o.count]
 
+    def note_finalized(state: _Rank, o: Op) -> None:
+        state.finalized.append((o.dst[0], o.dst[1], o.count) if o.kind in WRITES_DST else
+                               (o.src[0], o.src[1], o.count))
+
     def combine(state: _Rank, o: Op, msg: np.ndarray) -> np.ndarray:
         """What a receiving op writes / sends: the message, or src (+) message (finalized)."""
         if o.kind not in REDUCING:
             return msg
         value = reduce(read(state, o).astype(compute, copy=False), msg.astype(compute, copy=False))
         if o.finalize:
-            state.finalized.append((o.dst[0], o.dst[1], o.count) if o.kind in WRITES_DST else
-                                   (o.src[0], o.src[1], o.count))
+            note_finalized(state, o)
             if op == "avg":
                 value = value / divisor
         return value.astype(dtype, copy=False)
 
-    def emit(state: _Rank, o: Op, value: np.ndarray, time: int, k: int, i: int) -> None:
-        """Write and send ``value`` as op ``o`` says."""
-        if o.kind in WRITES_DST:
+    # ---- compressed plans: what codec_recv and pump_send (csrc/engine/executor.cc) do --------------------
+    def residual_at(state: _Rank, elem: int, n: int) -> np.ndarray | None:
+        return None if state.residual is None else state.residual[elem:elem + n]
+
+    def keep(state: _Rank, elem: int, data: np.ndarray, depth: np.ndarray) -> None:
+        """Stores the encoding of OUTPUT[elem:elem+n] in ENCODED (a final value this rank may send on)."""
+        assert state.encoded is not None and state.kept is not None and state.kept_depth is not None
+        at = elem // block * block_bytes
+        state.encoded[at:at + data.size] = data
+        state.kept[elem:elem + depth.size] = True
+        state.kept_depth[elem:elem + depth.size] = depth
+
+    def compressed_send(state: _Rank, o: Op, k: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(encoded bytes, per-element encode count) a pure SEND sends."""
+        assert state.encoded is not None and state.kept is not None and state.kept_depth is not None
+        assert state.depth is not None
+        buf, off = o.src
+        n = o.count
+        if buf == Buf.ENCODED:  # a final value, encoded once by its owner: forward its bits
+            if not state.kept[off:off + n].all():
+                missing = off + int(np.argmin(state.kept[off:off + n]))
+                raise PlanError(f"rank {state.plan.rank} {_where(k, i, o)} sends ENCODED[{off}:{off + n}], "
+                                f"but element {missing} was never kept there (no earlier op of this rank "
+                                f"finalized or forwarded it)")
+            at = off // block * block_bytes
+            return (state.encoded[at:at + codec_ref.encoded_bytes(codec, n)].copy(),
+                    state.kept_depth[off:off + n].copy())
+        data, _ = codec_ref.encode(codec, read(state, o), residual_at(state, off, n), 1.0, index=off,
+                                   key=state.key)
+        return data, state.depth[off:off + n] + 1
+
+    def compressed_receive(state: _Rank, o: Op, msg: _Message) -> tuple[_Maybe, _Maybe, _Maybe, _Maybe]:
+        """(value written to dst, its encode counts, bytes sent, their encode counts) of a receiving op."""
+        assert state.depth is not None and msg.depth is not None
+        n = o.count
+        if o.kind == OpKind.RECV:
+            return codec_ref.decode(codec, msg.data, n), msg.depth, None, None
+        if o.kind == OpKind.RECV_COPY_SEND:
+            keep(state, o.dst[1], msg.data, msg.depth)
+            return codec_ref.decode(codec, msg.data, n), msg.depth, msg.data, msg.depth
+        # the reducing ops: decode-accumulate in float32, consuming the residual where INPUT is read
+        elem = o.dst[1] if o.kind in WRITES_DST else o.src[1]  # the region the op is about
+        residual = residual_at(state, elem, n)
+        avg_final = o.finalize and op == "avg"
+        value = codec_ref.decode(codec, msg.data, n, acc=read(state, o),
+                                 residual=residual if o.src[0] == Buf.INPUT else None,
+                                 divisor=world if avg_final else 0)
+        src_depth = state.depth[o.src[1]:o.src[1] + n]
+        depth = np.maximum(src_depth, msg.depth)
+        if o.finalize:
+            note_finalized(state, o)
+        if o.kind == OpKind.RECV_REDUCE and not o.finalize:  # a partial kept for a later op
+            return value, depth, None, None
+        # a value sent on or final: encoded once (storing its loss), and the decoding of that kept
+        data, decoded = codec_ref.encode(codec, value, residual, float(world) if avg_final else 1.0,
+                                         index=elem, key=state.key)
+        depth = depth + 1
+        if o.kind == OpKind.RECV_REDUCE_SEND:
+            return None, None, data, depth
+        keep(state, elem, data, depth)
+        if o.kind == OpKind.RECV_REDUCE:
+            return decoded, depth, None, None
+        return decoded, depth, data, depth  # RECV_REDUCE_COPY_SEND
+
+    def emit(state: _Rank, o: Op, value: np.ndarray | None, time: int, k: int, i: int,
+             payload: np.ndarray | None = None, depth: np.ndarray | None = None,
+             payload_depth: np.ndarray | None = None) -> None:
+        """Write ``value`` and send ``payload`` (default: ``value``) as op ``o`` says."""
+        if o.kind in WRITES_DST and value is not None:
             buf, off = o.dst
             state.buffers[buf][off:off + o.count] = value
             if buf == Buf.OUTPUT or state.buffers[Buf.INPUT] is state.buffers[Buf.OUTPUT]:
                 state.written[off:off + o.count] = True
+            if state.depth is not None and depth is not None:
+                state.depth[off:off + o.count] = depth
         if o.kind in SENDS:
             link = (state.plan.rank, o.send_peer)
-            message = _Message(np.array(value, copy=True), time, state.know, k, i)
-            channels.setdefault(link, deque()).append(message)
+            data = np.array(value if payload is None else payload, copy=True)
+            channels.setdefault(link, deque()).append(
+                _Message(data, o.count, time, state.know, k, i,
+                         None if payload_depth is None else payload_depth.copy()))
             elements[link] = elements.get(link, 0) + o.count
+            payload_bytes[link] = payload_bytes.get(link, 0) + (data.size if compressed else
+                                                                o.count * dtype.itemsize)
             messages[link] = messages.get(link, 0) + 1
             state.posted.add(i)
 
@@ -298,7 +468,11 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         for i, o in step.pure_sends:
             previous = step.after.get(i)
             if i not in state.posted and (previous is None or previous in state.posted):
-                emit(state, o, read(state, o).copy(), time, k, i)
+                if compressed:
+                    data, depth = compressed_send(state, o, k, i)
+                    emit(state, o, None, time, k, i, payload=data, payload_depth=depth)
+                else:
+                    emit(state, o, read(state, o).copy(), time, k, i)
 
     with np.errstate(all="ignore"):
         active = list(ranks)
@@ -323,14 +497,18 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
                             if not queue:
                                 break
                             msg = queue.popleft()
-                            if msg.data.size != o.count:
+                            if msg.count != o.count:
                                 raise CountMismatchError(
                                     f"rank {link[1]} {_where(k, i, o)} expects {o.count} elements from rank "
                                     f"{link[0]}, whose message (its step {msg.step} op {msg.index}) has "
-                                    f"{msg.data.size}")
+                                    f"{msg.count}")
                             state.know |= msg.know
                             state.last_done = max(state.last_done, msg.time + 1)
-                            emit(state, o, combine(state, o, msg.data), state.last_done, k, i)
+                            if compressed:
+                                value, depth, data, data_depth = compressed_receive(state, o, msg)
+                                emit(state, o, value, state.last_done, k, i, data, depth, data_depth)
+                            else:
+                                emit(state, o, combine(state, o, msg.data), state.last_done, k, i)
                             if o.kind in SENDS and step.after:  # pure SENDs queued behind this op
                                 post_sends(state, k, state.last_done)
                         state.position += 1
@@ -348,20 +526,20 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
     leftover = [(link, len(q), q[0]) for link, q in sorted(channels.items()) if q]
     if leftover:
         text = "; ".join(f"rank {a} -> rank {b}: {n} message(s), the first from its step {m.step} "
-                         f"op {m.index} ({m.data.size} elements)" for (a, b), n, m in leftover)
+                         f"op {m.index} ({m.count} elements)" for (a, b), n, m in leftover)
         raise UnmatchedMessageError(f"messages sent but never received: {text}")
 
-    itemsize = dtype.itemsize
     return SimResult(
         outputs=[s.buffers[Buf.OUTPUT] for s in ranks],
         output_written=[s.written for s in ranks],
         elements_per_link=dict(elements),
-        bytes_per_link={link: n * itemsize for link, n in elements.items()},
+        bytes_per_link=dict(payload_bytes),
         messages_per_link=dict(messages),
         steps_per_rank=[len(s.steps) for s in ranks],
         latency_hops=max((s.clock for s in ranks), default=0),
         finalized=[s.finalized for s in ranks],
         heard_from=[frozenset(r for r in range(world) if s.know >> r & 1) for s in ranks],
+        quantizations=[s.depth for s in ranks if s.depth is not None],
     )
 
 

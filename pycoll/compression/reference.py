@@ -31,6 +31,7 @@ FLT_MAX = F32(np.finfo(np.float32).max)
 ABS_MASK = U32(0x7FFFFFFF)
 EXP_MASK = U32(0x7F800000)  # abs bits >= this: Inf or NaN
 MASK32 = 0xFFFFFFFF
+MASK64 = 0xFFFFFFFFFFFFFFFF
 
 IntOrArray = Union[int, np.ndarray]
 
@@ -128,7 +129,7 @@ def bf16_bits_to_float(b: np.ndarray) -> np.ndarray:
     return (np.asarray(b, dtype=np.uint16).astype(U32) << U32(16)).view(F32)
 
 
-# ---- block-quantization element code ------------------------------------------------------------------------
+# ---- block-quantization element code -----------------------------------------------------------------------
 
 def abs_bits(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=F32).view(U32) & ABS_MASK
@@ -177,7 +178,8 @@ def _encode_blocks(codec: Any, x: np.ndarray, index: int, key: int) -> tuple[np.
     if codec.rounding == "nearest":
         codes = np.rint(scaled)
     else:
-        elems = np.uint64(index) + np.arange(k * m, dtype=np.uint64).reshape(k, m)
+        with np.errstate(over="ignore"):  # uint64 element indices wrap as in C
+            elems = np.uint64(index & MASK64) + np.arange(k * m, dtype=np.uint64).reshape(k, m)
         codes = np.floor(scaled + uniform01(np.asarray(random_bits(key, elems))))
     q = np.where(finite, clamp_code(codes, qmax), F32(0)).astype(np.int8)
 
@@ -210,7 +212,7 @@ def _decode_blocks(codec: Any, data: np.ndarray, m: int) -> np.ndarray:
     return dequantize(q, absmax, quant_step(absmax, qmax), qmax)
 
 
-# ---- the codec interface ------------------------------------------------------------------------------------
+# ---- the codec interface -----------------------------------------------------------------------------------
 
 def _kind(codec: Any) -> str:
     kind = getattr(codec, "kind", None)
@@ -255,7 +257,8 @@ def encode(codec: Any, x: np.ndarray, residual: np.ndarray | None = None, residu
                 pieces.append(b.reshape(-1))
                 values.append(d.reshape(-1))
             if n % block:
-                b, d = _encode_blocks(codec, src[full * block:].reshape(1, n % block), index + full * block, key)
+                tail = src[full * block:].reshape(1, n % block)
+                b, d = _encode_blocks(codec, tail, index + full * block, key)
                 pieces.append(b.reshape(-1))
                 values.append(d.reshape(-1))
             out = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)

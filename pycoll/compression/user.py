@@ -6,7 +6,8 @@ functions whose addresses the native codec (csrc/cpu/codec.h, ``make_user_codec`
 
 Layout: ``block_elems`` float32 elements encode into ``block_bytes`` bytes; the last, partial block of a
 message of r elements (0 < r < block_elems) into ``tail_bytes(r)`` bytes (1 to block_bytes), so n
-elements take ``(n // block_elems) * block_bytes + tail_bytes(n % block_elems)`` bytes.
+elements take ``(n // block_elems) * block_bytes + tail_bytes(n % block_elems)`` bytes. A block must fit
+in one transport fragment: block_bytes is at most 4096.
 
 The simple way: two Python functions on numpy arrays, compiled with ``numba.njit`` and wrapped for you::
 
@@ -157,7 +158,10 @@ def _tail_table(tail_bytes: TailBytes, block_elems: int, block_bytes: int) -> li
     if len(tail_bytes) != block_elems:
         raise InvalidUsageError(f"tail_bytes must list one size per r in [0, block_elems) ({block_elems} "
                                 f"sizes), got {len(tail_bytes)}")
-    tails = [_int(tail_bytes[0], "tail_bytes[0] (an empty tail)", 0, 0)]
+    if isinstance(tail_bytes[0], bool) or tail_bytes[0] != 0:
+        raise InvalidUsageError(f"tail_bytes[0] must be 0 (no partial block encodes to nothing), "
+                                f"got {tail_bytes[0]!r}")
+    tails = [0]
     tails += [_int(tail_bytes[r], f"tail_bytes[{r}]", 1, block_bytes) for r in range(1, block_elems)]
     return tails
 
@@ -175,6 +179,7 @@ def _fingerprint(obj: Any, h: Any, seen: set[int], depth: int = 0) -> None:
             return
         seen.add(id(obj))
         _fingerprint(obj.__code__, h, seen, depth + 1)
+        _fingerprint(obj.__defaults__, h, seen, depth + 1)
         for cell in obj.__closure__ or ():
             try:
                 value = cell.cell_contents
@@ -343,7 +348,8 @@ class UserCodec(Codec):
     ) -> UserCodec:
         """A codec from Python kernels ``encode(src, out, index, key)`` and ``decode(data, out,
         accumulate)`` on numpy arrays, compiled with numba (the same as the constructor)."""
-        return cls(name, block_elems, block_bytes, tail_bytes, encode, decode, version=version, seed=seed)
+        return UserCodec(name, block_elems, block_bytes, tail_bytes, encode, decode, version=version,
+                         seed=seed)
 
     # ---- layout (known without building the native codec) -----------------------------------------------
     @property

@@ -2,9 +2,9 @@
 
 Inputs are Gaussian and rank-dependent (a pure function of rank, count and seed), so every rank rebuilds
 every rank's input, computes the exact sum in float64 and checks its own result against a bound derived
-from the codec: an int8/int4 encode moves an element by at most half a step (a whole one with stochastic
-rounding), step = block absmax / qmax; fp16/bf16 by half an ulp. The parent checks that every rank ends
-bitwise identical.
+from the codec (pycoll/compression/bounds.py): an int8/int4 encode moves an element by at most half a
+step (a whole one with stochastic rounding), step = block absmax / qmax; fp16/bf16 by half an ulp. The
+parent checks that every rank ends bitwise identical.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from _inputs import bf16_backend, digest
 
 import pycoll
 from pycoll.compression import BF16, FP16, Codec, ErrorFeedback, Int4, Int8
+from pycoll.compression.bounds import block_absmax, error_bound, quantization_bound
 
 ALGORITHMS = ("direct", "ring", "tree")
 CODECS: dict[str, Codec] = {
@@ -25,49 +26,10 @@ CODECS: dict[str, Codec] = {
     "int8-b32-stochastic": Int8(block=32, rounding="stochastic", seed=7),
     "int4-b16": Int4(block=16),
 }
-# unit roundoff of the casts (half an ulp, relative)
-CAST_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
-F32_U = 2.0**-24
 
 
 def gaussian(rank: int, count: int, seed: int, scale: float = 1.0) -> np.ndarray:
     return (np.random.default_rng([seed, rank, count]).standard_normal(count) * scale).astype(np.float32)
-
-
-def _block_absmax(x: np.ndarray, block: int) -> np.ndarray:
-    """Per element: the largest |value| of its codec block."""
-    n = x.size
-    pad = (-n) % block
-    a = np.abs(np.concatenate([x.astype(np.float64), np.zeros(pad)])).reshape(-1, block).max(axis=1)
-    return np.repeat(a, block)[:n]
-
-
-def quantization_bound(codec: Codec, x: np.ndarray) -> np.ndarray:
-    """Per element: the most one encode of ``x`` (float32) can move each element."""
-    if codec.kind in CAST_ROUNDOFF:
-        return CAST_ROUNDOFF[codec.kind] * np.abs(x.astype(np.float64)) + 1e-38
-    return codec.step_bound(_block_absmax(x, codec.block_elems))
-
-
-def error_bound(codec: Codec, algorithm: str, inputs: list[np.ndarray], result: np.ndarray) -> np.ndarray:
-    """Per element: how far the compressed all-reduce may land from the exact sum.
-
-    direct: every rank's share is encoded once (its own owner's share is not, but counting it keeps the
-    bound simple and still tight), the owner's float32 sum once more. ring and tree re-encode partial sums
-    on the way (at most world - 1 times), each partial no larger in magnitude than the sum of absolute
-    inputs of its block. Plus float32 rounding of the additions.
-    """
-    world = len(inputs)
-    total_abs = np.sum([np.abs(x.astype(np.float64)) for x in inputs], axis=0)
-    bound = np.sum([quantization_bound(codec, x) for x in inputs], axis=0)
-    bound += quantization_bound(codec, result.astype(np.float32))
-    if algorithm != "direct":
-        if codec.kind in CAST_ROUNDOFF:
-            partial = CAST_ROUNDOFF[codec.kind] * total_abs
-        else:
-            partial = codec.step_bound(_block_absmax(total_abs.astype(np.float32), codec.block_elems))
-        bound += (world - 1) * partial * 1.01
-    return bound + 4 * world * F32_U * (total_abs + bound)
 
 
 def _counts(codec: Codec) -> list[int]:
@@ -311,7 +273,7 @@ def body_feedback_to_tensor(comm, rank, world):
     # it owns the sum of its input and the others' decoded inputs, each within half an int4 step, 1/14 of
     # their absmax, of the input)
     total_abs = np.sum([np.abs(gaussian(q, 1000, 9)) for q in range(world)], axis=0) * (1 + 1 / 14)
-    total_abs = _block_absmax(total_abs.astype(np.float32), CODECS["int4"].block_elems).astype(np.float32)
+    total_abs = block_absmax(total_abs.astype(np.float32), CODECS["int4"].block_elems).astype(np.float32)
     bound = quantization_bound(CODECS["int4"], total_abs)
     return moved, bool(np.all(np.abs(r) <= bound))
 

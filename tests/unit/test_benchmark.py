@@ -486,3 +486,146 @@ def test_time_budget_gives_every_rank_the_same_count() -> None:
     counts = {results[0].iters for results in per_rank}
     assert len(counts) == 1 and counts.pop() <= 10
     assert all(results[0].wrong == 0 for results in per_rank)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lossy all-reduce: custom inputs, relative error, interleaved variants, codec columns
+
+
+class _NoisyInputs(bm.Inputs):
+    """Gaussian inputs judged against the exact float64 sum with a fixed absolute tolerance."""
+
+    def __init__(self, tol: float) -> None:
+        self.tol = tol
+
+    def input(self, rank: int, world: int, count: int, dtype: object) -> np.ndarray:
+        return bm.gaussian_input(rank, count, 5, dtype)  # type: ignore[arg-type]
+
+    def judge(self, rank: int, world: int, count: int, dtype: object) -> bm.JudgeFn:
+        exact = np.sum([bm.gaussian_input(r, count, 5).astype(np.float64) for r in range(world)], axis=0)
+
+        def judge(x: np.ndarray) -> tuple[int, float | None]:
+            return int(np.count_nonzero(~(np.abs(x - exact) <= self.tol))), bm.relative_error(x, exact)
+
+        return judge
+
+
+def test_gaussian_input_and_relative_error() -> None:
+    a = bm.gaussian_input(1, 10000, 3)
+    assert a.dtype == np.float32 and np.array_equal(a, bm.gaussian_input(1, 10000, 3))
+    assert not np.array_equal(a, bm.gaussian_input(2, 10000, 3))
+    assert not np.array_equal(a, bm.gaussian_input(1, 10000, 4))
+    assert abs(float(a.mean())) < 0.05 and 0.95 < float(a.std()) < 1.05
+    exact = np.array([3.0, 4.0])
+    assert bm.relative_error(exact, exact) == 0.0
+    assert bm.relative_error(np.array([3.0, 4.5]), exact) == pytest.approx(0.1)
+    assert bm.relative_error(np.zeros(2), np.zeros(2)) == 0.0
+    assert bm.relative_error(np.ones(2), np.zeros(2)) == float("inf")
+
+
+def test_exact_inputs_report_zero_error() -> None:
+    results = bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert all(r.rel_error == 0.0 and r.codec == "none" for r in results)
+
+    def off(x: np.ndarray) -> None:
+        x[0] += 1
+
+    results = bm.run_allreduce_sweep(off, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert all(r.wrong == 1 and r.rel_error is not None and r.rel_error > 0 for r in results)
+    results = bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, check=False, **SMALL)  # type: ignore[arg-type]
+    assert all(r.rel_error is None and r.wrong is None for r in results)
+
+
+def test_lossy_inputs_wrong_and_error_across_ranks() -> None:
+    def clean(world: ThreadWorld, rank: int, x: np.ndarray) -> None:
+        world.allreduce(rank, x)
+        x[:] = x.astype(np.float16)  # a lossy all-reduce, identical on every rank
+
+    def lossy(world: ThreadWorld, rank: int, x: np.ndarray) -> None:
+        clean(world, rank, x)
+        if rank == 2:
+            x[0] += 1  # one rank also gets one element far off
+
+    per_rank = _sweep_world(3, lossy, inputs=_NoisyInputs(tol=0.01), codec="fp16")
+    for results in per_rank:
+        assert [r.codec for r in results] == ["fp16"] * 3
+        assert [r.wrong for r in results] == [1, 1, 1]  # within tol but rank 2's element 0
+        assert all(r.rel_error is not None and 1e-5 < r.rel_error < 0.2 for r in results)
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+    # the error is the worst rank's: rank 2's off element makes it larger than the float16 rounding alone
+    fine = _sweep_world(3, clean, inputs=_NoisyInputs(tol=0.01), codec="fp16")
+    assert [r.wrong for r in fine[0]] == [0, 0, 0]
+    assert all(a.rel_error > b.rel_error for a, b in zip(per_rank[0], fine[0]))  # type: ignore[operator]
+
+
+def test_unknown_error_on_one_rank_is_unknown() -> None:
+    class Partial(_NoisyInputs):
+        def judge(self, rank: int, world: int, count: int, dtype: object) -> bm.JudgeFn:
+            inner = super().judge(rank, world, count, dtype)
+            return (lambda x: (inner(x)[0], None)) if rank == 1 else inner
+
+    per_rank = _sweep_world(2, inputs=Partial(tol=1e-3), codec="x")
+    assert all(r.rel_error is None and r.wrong == 0 for r in per_rank[0])
+
+
+def test_interleaved_variants_size_by_size() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def make(name: str) -> Callable[[np.ndarray], None]:
+        return lambda x: calls.append((name, x.size))
+
+    variants = [bm.Variant("none", make("a")), bm.Variant("int8", make("b"), _NoisyInputs(tol=100.0))]
+    results = bm.run_interleaved_sweep(variants, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    assert [(r.bytes, r.codec) for r in results] == [
+        (size, codec) for size in (64, 256, 1024) for codec in ("none", "int8")
+    ]
+    assert [name for name, _ in calls] == (["a"] * 4 + ["b"] * 4) * 3  # 1 warm-up + 3 timed each
+    assert results[0].rel_error == 0.0 and results[1].rel_error == 0.0  # identity on one rank is exact
+    with pytest.raises(ValueError):
+        bm.run_interleaved_sweep([], _nothing, _same, 0, 1)
+
+
+def test_format_table_with_codec_columns() -> None:
+    results = [
+        bm.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0, rel_error=0.0),
+        bm.make_result(4096, 1024, np.float32, 5.0, 4, wrong=0, codec="int8", rel_error=7.9e-3),
+        bm.make_result(64 << 20, 16 << 20, np.float32, 12345.678, 4, wrong=2, codec="int4", rel_error=None),
+    ]
+    lines = bm.format_table(results, "t").splitlines()
+    assert lines[1].split()[1:] == [
+        "size", "count", "type", "redop", "codec", "time", "algbw", "busbw", "error", "#wrong"
+    ]
+    assert "(rel)" in lines[2]
+    head = ["4096", "1024", "float32", "sum"]
+    assert lines[3].split() == [*head, "none", "2.50", "1.64", "2.46", "0.00e+00", "0"]
+    assert lines[4].split() == [*head, "int8", "5.00", "0.82", "1.23", "7.90e-03", "0"]
+    assert lines[5].split()[4] == "int4" and lines[5].split()[-2:] == ["N/A", "2"]
+    ends = _word_ends(" " + lines[1][1:])
+    assert ends == _word_ends(lines[3]) == _word_ends(lines[4]) == _word_ends(lines[5])
+    assert lines[6] == "# Out of bounds values : 2"
+    assert lines[7] == "# Avg bus bandwidth    : none 2.458, int8 1.229, int4 8.154"
+    assert lines[8] == "# Max rel. error       : none 0.00e+00, int8 7.90e-03, int4 N/A"
+    # a compressed row formats with codec columns on its own; an uncompressed one without
+    assert bm.format_row(results[1]).split()[4] == "int8"
+    assert len(bm.format_row(results[0]).split()) == 8
+
+
+def test_run_and_report_variants(tmp_path: Path) -> None:
+    lines: list[str] = []
+    parser = argparse.ArgumentParser()
+    bm.add_sweep_arguments(parser)
+    out = tmp_path / "r.jsonl"
+    args = parser.parse_args(["-b", "64", "-e", "256", "-f", "4", "-n", "2", "-w", "0", "--json", str(out)])
+    variants = [bm.Variant("none", _identity), bm.Variant("fp16", _identity, _NoisyInputs(tol=1.0))]
+    results = bm.run_and_report(
+        None, _nothing, _same, 0, 1, args, title="t", meta={"library": "x"}, print_fn=lines.append,
+        variants=variants,
+    )
+    assert [r.codec for r in results] == ["none", "fp16", "none", "fp16"]
+    printed = "\n".join(lines).splitlines()
+    assert printed[0] == "# t" and "codec" in printed[1] and len(printed) == 3 + 4 + 3
+    records = bm.read_json_lines(out.read_text())
+    assert [r["codec"] for r in records] == ["none", "fp16"] * 2
+    assert all("rel_error" in r and r["library"] == "x" for r in records)
+    with pytest.raises(ValueError):
+        bm.run_and_report(None, _nothing, _same, 0, 1, args, title="t", print_fn=lines.append)

@@ -84,6 +84,116 @@ def test_end_to_end(tmp_path: Path, ranks: int) -> None:
     assert all(r["library"] == "pycoll" and r["world"] == ranks for r in records)
 
 
+def test_compression_flag() -> None:
+    parser = bench.build_parser()
+    assert parser.parse_args([]).compression == ["none"]
+    assert parser.parse_args(["--compression", "int8"]).compression == ["int8"]
+    args = parser.parse_args(["--compression", "none, INT4,fp16,int4"])
+    assert args.compression == ["none", "int4", "fp16"]  # in order, without repeats
+    for bad in ("int2", "", ",", "int8,zstd"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--compression", bad])
+
+
+def test_compression_names_are_the_codecs() -> None:
+    from pycoll.compression import CODEC_NAMES
+
+    assert bench.COMPRESSIONS == ("none", *CODEC_NAMES)
+
+
+def test_worker_arguments_carry_compression() -> None:
+    parser = bench.build_parser()
+    args = parser.parse_args(["--compression", "none,int8", "--algorithm", "tree"])
+    argv = bench.worker_arguments(args)
+    assert argv[-2:] == ["--compression", "none,int8"]
+    again = parser.parse_args(["--worker", *argv])
+    assert again.compression == ["none", "int8"] and again.algorithm == "tree"
+    assert "--compression" not in bench.worker_arguments(parser.parse_args([]))
+
+
+def test_codec_inputs_judge_with_the_derived_bound() -> None:
+    """Gaussian inputs; a result within the codec's bound is right, one pushed past it is wrong."""
+    if not _native_available():
+        pytest.skip("pycoll's native module is not built")
+    import numpy as np
+
+    from pycoll import benchmark
+    from pycoll.compression import Int8
+
+    codec, world, count = Int8(), 3, 1000
+    inputs = bench.CodecInputs(codec, "direct")
+    xs = [inputs.input(r, world, count, np.float32) for r in range(world)]
+    assert all(x.dtype == np.float32 and x.shape == (count,) for x in xs)
+    assert not np.array_equal(xs[0], xs[1]) and 0.5 < float(np.std(xs[0])) < 1.5
+    np.testing.assert_array_equal(xs[2], benchmark.gaussian_input(2, count))
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    # two-shot on one process: every share quantized once, the owner's sum once more
+    summed = np.sum([codec.roundtrip(x).astype(np.float64) for x in xs], axis=0).astype(np.float32)
+    result = codec.roundtrip(summed)
+    judge = inputs.judge(1, world, count, np.float32)
+    wrong, rel = judge(result)
+    assert wrong == 0
+    assert rel == pytest.approx(np.linalg.norm(result - exact) / np.linalg.norm(exact))
+    assert 1e-4 < rel < 0.02
+    assert judge(result.copy()) == (wrong, rel)  # same bits: the verdict is reused
+    bad = result.copy()
+    bad[:7] += 1.0  # far outside half an int8 step
+    assert judge(bad)[0] == 7
+    bad[500] = np.nan
+    assert judge(bad)[0] > 7  # NaN is never within the bound
+    assert judge(exact.astype(np.float32)) == (0, pytest.approx(0.0, abs=1e-7))
+
+
+@pytest.mark.skipif(not _native_available(), reason="pycoll's native module is not built")
+def test_end_to_end_compressed(tmp_path: Path) -> None:
+    out = tmp_path / "bench.jsonl"
+    cmd = [sys.executable, "-m", "pycoll.cli.bench", "--ranks", "2", "-b", "16K", "-e", "64K", "-f", "4"]
+    cmd += ["-n", "3", "-w", "1", "--compression", "none,int8,fp16,int4", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "effective" in lines[0] and "compression=none,int8,fp16,int4" in lines[0]
+    assert lines[1].split()[1:] == [
+        "size", "count", "type", "redop", "codec", "time", "algbw", "busbw", "error", "#wrong"
+    ]
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    # interleaved: every codec in turn for each size
+    assert [(row[0], row[4]) for row in rows] == [
+        (size, codec) for size in ("16384", "65536") for codec in ("none", "int8", "fp16", "int4")
+    ]
+    assert all(row[-1] == "0" for row in rows)  # #wrong: all within the codec's bound
+    errors = {(row[0], row[4]): float(row[-2]) for row in rows}
+    for size in ("16384", "65536"):
+        assert errors[size, "none"] == 0.0
+        assert 0 < errors[size, "fp16"] < 1e-3
+        assert 1e-3 < errors[size, "int8"] < 0.02
+        assert 0.02 < errors[size, "int4"] < 0.3
+    assert any(line.startswith("# Max rel. error") for line in lines)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["codec"] for r in records] == ["none", "int8", "fp16", "int4"] * 2
+    assert all(r["wrong"] == 0 and r["world"] == 2 and r["library"] == "pycoll" for r in records)
+    for r, row in zip(records, rows):
+        assert r["rel_error"] == pytest.approx(errors[row[0], row[4]], rel=0.01, abs=0)
+    assert records[1]["codecs"]["int8"] == "int8(block=64)" and records[1]["codec_algorithm"] == "direct"
+    # effective bandwidth: the uncompressed bytes over the time
+    for r in records:
+        assert r["bytes"] == 4 * r["count"]
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])  # 2 ranks: 2(n-1)/n = 1
+
+
+@pytest.mark.skipif(not _native_available(), reason="pycoll's native module is not built")
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_end_to_end_compressed_algorithms(algorithm: str) -> None:
+    cmd = [sys.executable, "-m", "pycoll.cli.bench", "--ranks", "3", "-b", "40K", "-e", "40K", "-n", "2"]
+    cmd += ["-w", "1", "--algorithm", algorithm, "--compression", "int4,bf16"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
+    assert [row[4] for row in rows] == ["int4", "bf16"]
+    assert all(row[-1] == "0" and float(row[-2]) > 0 for row in rows)
+
+
 def test_namespace_from_main_parser_is_accepted_by_worker_arguments() -> None:
     ns = argparse.Namespace(
         minbytes=4096,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -107,10 +108,10 @@ def make_data(dist: str, n: int, block: int, rng: np.random.Generator) -> np.nda
     return out
 
 
-# ---- native calls with poisoned buffers ---------------------------------------------------------------------
+# ---- native calls with poisoned buffers --------------------------------------------------------------------
 
-def native_encode(codec: Codec, x: np.ndarray, residual: np.ndarray | None = None, residual_scale: float = 1.0,
-                  index: int = 0, key: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def native_encode(codec: Codec, x: np.ndarray, residual: np.ndarray | None = None,
+                  residual_scale: float = 1.0, index: int = 0, key: int = 0) -> tuple[np.ndarray, np.ndarray]:
     n = x.size
     nbytes = codec.encoded_bytes(n)
     out = np.full(nbytes + GUARD, POISON_BYTE, dtype=np.uint8)
@@ -134,7 +135,7 @@ def key_for(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 2**32))
 
 
-# ---- native == reference, bit for bit ------------------------------------------------------------------------
+# ---- native == reference, bit for bit ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 @pytest.mark.parametrize("codec", CODECS, ids=ids)
@@ -151,6 +152,10 @@ def test_encode_matches_reference(codec: Codec, dist: str) -> None:
         assert data.size == codec.encoded_bytes(n) == want.size
         assert_same_bits(data, want, f"{where}: encoded bytes")
         assert_same_bits(decoded, want_decoded, f"{where}: decoded")
+        bare = np.full(data.size + GUARD, POISON_BYTE, dtype=np.uint8)  # no decoded values asked for
+        codec.native().encode(x, bare[:data.size], index=index, key=key)
+        assert_same_bits(bare[:data.size], want, f"{where}: encoded bytes without decoded=")
+        assert (bare[data.size:] == POISON_BYTE).all()
 
         # with a residual (error feedback), scaled as an average's finalize would scale it
         residual = (make_data(dist, n, block_of(codec), rng) * F32(0.01)).astype(F32)
@@ -212,7 +217,7 @@ def test_stochastic_index_above_32_bits() -> None:
     """random_bits mixes the high half of the element index in too: exercised beyond 2**32."""
     codec = Int8(32, rounding="stochastic")
     x = np.random.default_rng(2).standard_normal(3 * 32 + 5).astype(F32)
-    for index in (2**32 - 64, 2**32, 2**40 + 32, 2**63):
+    for index in (2**32 - 64, 2**32 - 40, 2**32, 2**40 + 32, 2**63, 2**64 - 50):  # some blocks cross 2**32
         data, _ = native_encode(codec, x, index=index, key=123)
         assert_same_bits(data, ref.encode(codec, x, index=index, key=123)[0], f"index {index}")
     low, _ = native_encode(codec, x, index=0, key=123)
@@ -240,7 +245,7 @@ def test_hash_on_arrays_equals_hash_on_ints() -> None:
         ref.mix32(int(i) & 0xFFFFFFFF) for i in idx]
 
 
-# ---- layout ----------------------------------------------------------------------------------------------------
+# ---- layout ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("codec", CODECS, ids=ids)
 def test_encoded_bytes_layout(codec: Codec) -> None:
@@ -253,7 +258,8 @@ def test_encoded_bytes_layout(codec: Codec) -> None:
         else:
             full, rest = divmod(n, b)
             per_block = 4 + (b if codec.kind == "int8" else b // 2)
-            expected = full * per_block + ((4 + (rest if codec.kind == "int8" else (rest + 1) // 2)) if rest else 0)
+            tail = 4 + (rest if codec.kind == "int8" else (rest + 1) // 2) if rest else 0
+            expected = full * per_block + tail
         assert codec.encoded_bytes(n) == expected == int(codec.native().encoded_bytes(n)), n
         assert ref.encoded_bytes(codec, n) == expected
     per_element = {"fp16": 2.0, "bf16": 2.0, "int8": 1 + 4 / b, "int4": 0.5 + 4 / b}[codec.kind]
@@ -271,7 +277,8 @@ def test_wire_format_by_hand() -> None:
     # and a zero pad nibble
     assert data.tobytes() == (np.float32(7).tobytes() + bytes([0x97, 0x21, 0xF3, 0x60])
                               + np.float32(5).tobytes() + bytes([0x7C, 0x06]))
-    assert decoded.tolist() == [*x4[:8].tolist(), F32(-4) * (F32(5) / F32(7)), 5.0, F32(6) * (F32(5) / F32(7))]
+    step = F32(5) / F32(7)
+    assert decoded.tolist() == [*x4[:8].tolist(), F32(-4) * step, 5.0, F32(6) * step]
 
     x8 = np.array([-127, 0, 1, 127, 5], dtype=F32)
     data, _ = native_encode(Int8(8), x8)
@@ -284,7 +291,7 @@ def test_wire_format_by_hand() -> None:
     assert data.view("<u2").tolist() == [0x3F80, 0xC000, 0x4780, 0x322C]
 
 
-# ---- special values ------------------------------------------------------------------------------------------
+# ---- special values ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("codec", [Int8(8), Int8(128), Int4(8), Int4(64), Int8(32, rounding="stochastic"),
                                    Int4(16, rounding="stochastic")], ids=ids)
@@ -330,7 +337,8 @@ def test_zero_blocks_decode_to_positive_zero(codec: Codec) -> None:
     for lo, hi in ((b, 2 * b), (3 * b, 4 * b), (5 * b, x.size)):
         assert not decoded[lo:hi].view(np.uint32).any(), "a zero block must decode to +0"
         assert not residual[lo:hi].view(np.uint32).any()
-        assert data[ref.encoded_bytes(codec, lo):ref.encoded_bytes(codec, hi)].max() == 0, "zero block, zero bytes"
+        at, end = ref.encoded_bytes(codec, lo), ref.encoded_bytes(codec, hi)
+        assert data[at:end].max() == 0, "a zero block encodes to zero bytes"
 
 
 @pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
@@ -357,10 +365,12 @@ def test_nonfinite_block_decodes_to_nan_and_spares_others(codec: Codec, poison: 
         assert_same_bits(decoded, want_decoded, "decoded")
         assert_same_bits(residual, r_ref, "residual")
         assert_same_bits(native_decode(codec, data, n), decoded, "decode")
-        # the other blocks encode exactly as they do without the poisoned one
-        if bad_block == 0:
-            rest, _ = native_encode(codec, x[b:], index=b, key=8)
-            assert np.array_equal(data[ref.encoded_bytes(codec, b):], rest)
+        # the other blocks encode exactly as they do on their own
+        plain, _ = native_encode(codec, x, key=8)
+        for lo_ok, hi_ok in ((0, lo), (hi, n)):
+            alone, _ = native_encode(codec, x[lo_ok:hi_ok], index=lo_ok, key=8)
+            at = ref.encoded_bytes(codec, lo_ok)
+            assert np.array_equal(plain[at:at + alone.size], alone)
 
 
 @pytest.mark.parametrize("codec", [FP16(), BF16()], ids=ids)
@@ -382,9 +392,18 @@ def test_casts_special_values(codec: Codec) -> None:
     assert_same_bits(residual, r_ref, "residual")
     assert np.isnan(decoded[[0, 1]]).all() and np.isnan(decoded[-4:]).all()
     assert not residual[np.isnan(decoded) | np.isinf(decoded)].any(), "no residual from non-finite values"
-    # decoding arbitrary 16-bit patterns (every one of them, NaN payloads included)
-    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.uint8)
-    assert_same_bits(native_decode(codec, every, 2**16), ref.decode(codec, every, 2**16), "all 65536 patterns")
+    # decoding arbitrary 16-bit patterns: every one of them, quiet NaN payloads included
+    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    native = native_decode(codec, every.view(np.uint8), 2**16)
+    want = ref.decode(codec, every.view(np.uint8), 2**16)
+    signaling = np.zeros(2**16, dtype=bool)
+    if codec.kind == "fp16":
+        # Signaling half NaNs (never produced by an encoder) are the one known difference: half.h's
+        # half_to_float keeps them as they are, F16C's vcvtph2ps (the AVX2 loop, 8 at a time) makes them
+        # quiet, so the native result depends on the element's position. Both are NaN.
+        signaling = ((every & 0x7C00) == 0x7C00) & ((every & 0x3FF) != 0) & ((every & 0x200) == 0)
+        assert np.isnan(native[signaling]).all() and np.isnan(want[signaling]).all()
+    assert_same_bits(native[~signaling], want[~signaling], "all 16-bit patterns")
 
 
 @pytest.mark.parametrize("codec", [Int8(8), Int4(8)], ids=ids)
@@ -396,10 +415,10 @@ def test_decode_arbitrary_bytes(codec: Codec) -> None:
     assert_same_bits(native_decode(codec, data, n), ref.decode(codec, data, n), "random bytes")
 
 
-# ---- fragments --------------------------------------------------------------------------------------------------
+# ---- fragments ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("codec", [FP16(), BF16(), Int8(8), Int8(128), Int4(64), Int8(32, rounding="stochastic"),
-                                   Int4(8, rounding="stochastic")], ids=ids)
+@pytest.mark.parametrize("codec", [FP16(), BF16(), Int8(8), Int8(128), Int4(64),
+                                   Int8(32, rounding="stochastic"), Int4(8, rounding="stochastic")], ids=ids)
 def test_fragments_encode_like_the_whole(codec: Codec) -> None:
     """Encoding in pieces cut at block boundaries (each with its element index) is encoding at once."""
     b = block_of(codec)
@@ -421,7 +440,7 @@ def test_fragments_encode_like_the_whole(codec: Codec) -> None:
     assert_same_bits(r_pieces, r_whole, "pieces' residuals")
 
 
-# ---- error bounds and rounding -------------------------------------------------------------------------------
+# ---- error bounds and rounding -----------------------------------------------------------------------------
 
 def block_absmax(codec: Codec, x: np.ndarray) -> np.ndarray:
     """Per element, the absmax of its block (float64)."""
@@ -480,18 +499,19 @@ def test_stochastic_rounding_is_reproducible_and_unbiased(codec: Codec) -> None:
     assert abs(np.mean((mean - x) / step)) < 6 / (2 * math.sqrt(keys * n))
 
 
-# ---- invalid use ---------------------------------------------------------------------------------------------
+# ---- invalid use -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make", [
     lambda: Int8(block=12), lambda: Int8(block=4), lambda: Int8(block=0), lambda: Int4(block=8192),
     lambda: Int4(block=4104), lambda: Int8(block=True), lambda: Int8(block=16.0),  # type: ignore[arg-type]
     lambda: Int8(rounding="up"), lambda: Int4(rounding="Nearest"), lambda: Int8(seed=-1),
     lambda: Int8(seed=2**64), lambda: Int4(seed=True), lambda: Int4(seed=1.5),  # type: ignore[arg-type]
-    lambda: _C.builtin_codec(3, 12, 0), lambda: _C.builtin_codec(4, 0, 0), lambda: _C.builtin_codec(4, 8192, 0),
+    lambda: _C.builtin_codec(3, 12, 0), lambda: _C.builtin_codec(4, 0, 0),
+    lambda: _C.builtin_codec(4, 8192, 0),
     lambda: _C.builtin_codec(3, 16, 7), lambda: _C.builtin_codec(9, 16, 0),
     lambda: pycoll.compression.get_codec("int7"),
 ])
-def test_invalid_codecs_raise(make) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_codecs_raise(make: Callable[[], object]) -> None:
     with pytest.raises(pycoll.InvalidUsageError):
         make()
 

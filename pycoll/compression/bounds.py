@@ -1,0 +1,123 @@
+"""Derived error bounds of compressed all-reduce: how far a result may land from the exact sum.
+
+One home for the bound that the distributed tests (tests/distributed/test_compression.py) and
+``pycoll bench --compression`` check results against.
+
+One encode moves an element by at most:
+
+    int8 / int4     half a step (a whole step with stochastic rounding), step = block absmax / qmax
+                    (``codec.step_bound``)
+    fp16 / bf16     half an ulp: 2**-11 / 2**-8 of the magnitude (relative unit roundoff)
+
+and the all-reduce of ``world`` float32 inputs x_r lands within, per element,
+
+    sum_r q(x_r) + q(result)                                  every share encoded once, the final sum once
+    + (world - 1) * q(partial) * 1.01       ring and tree     partial sums re-encoded on the way, each no
+                                                              larger than sum_r |x_r| (block absmax of it)
+    + 4 * world * 2**-24 * (sum_r |x_r| + bound)              float32 rounding of the additions
+
+of the exact sum. For direct (two-shot) the owner's own share is not encoded; counting it keeps the
+bound simple and still tight. ``SumBound`` accumulates the input terms one rank at a time (so a caller
+need not hold every rank's input at once); ``error_bound`` is the one-call form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from pycoll.compression.codecs import Codec
+
+__all__ = ["CAST_ROUNDOFF", "F32_U", "SumBound", "block_absmax", "error_bound", "quantization_bound"]
+
+#: Relative unit roundoff (half an ulp) of the cast codecs.
+CAST_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+#: float32's unit roundoff.
+F32_U = 2.0**-24
+#: Algorithms whose partial sums are encoded once only (the others re-encode them per hop / level).
+_TWO_SHOT = ("direct",)
+
+
+def block_absmax(x: np.ndarray, block: int) -> np.ndarray:
+    """Per element: the largest |value| of its codec block (blocks of ``block`` from the start)."""
+    x = np.asarray(x).reshape(-1)
+    n = x.size
+    if n == 0:
+        return np.zeros(0)
+    pad = (-n) % block
+    a = np.abs(x.astype(np.float64))
+    if pad:
+        a = np.concatenate([a, np.zeros(pad)])
+    return np.repeat(a.reshape(-1, block).max(axis=1), block)[:n]
+
+
+def _check_codec(codec: Codec) -> None:
+    if codec.kind not in CAST_ROUNDOFF and not hasattr(codec, "step_bound"):
+        raise TypeError(f"no derived error bound for {codec!r}: it is neither a cast nor a block codec "
+                        f"with step_bound()")
+
+
+def quantization_bound(codec: Codec, x: np.ndarray) -> np.ndarray:
+    """Per element: the most one encode of ``x`` (float32) can move each element (float64)."""
+    _check_codec(codec)
+    if codec.kind in CAST_ROUNDOFF:
+        return CAST_ROUNDOFF[codec.kind] * np.abs(np.asarray(x, dtype=np.float64)).reshape(-1) + 1e-38
+    step_bound = getattr(codec, "step_bound")  # noqa: B009 (block codecs only; checked above)
+    return np.asarray(step_bound(block_absmax(x, codec.block_elems)), dtype=np.float64)
+
+
+class SumBound:
+    """The bound of a compressed all-reduce, built one rank's input at a time.
+
+        sb = SumBound(codec, "direct", count)
+        for x in inputs:                  # every rank's float32 input
+            sb.add(x)
+        ok = np.abs(result - exact) <= sb.bound(result)
+
+    ``algorithm`` is the plan that ran (``"auto"`` with a codec runs direct).
+    """
+
+    def __init__(self, codec: Codec, algorithm: str, count: int) -> None:
+        _check_codec(codec)
+        self.codec = codec
+        self.algorithm = "direct" if algorithm == "auto" else algorithm
+        self.world = 0
+        self.total_abs = np.zeros(int(count))  # sum_r |x_r|
+        self.inputs = np.zeros(int(count))  # sum_r q(x_r)
+
+    def add(self, x: np.ndarray) -> None:
+        """Count one rank's input (float32, ``count`` elements)."""
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        if x.size != self.total_abs.size:
+            raise ValueError(f"expected {self.total_abs.size} elements, got {x.size}")
+        self.total_abs += np.abs(x)
+        self.inputs += quantization_bound(self.codec, x)
+        self.world += 1
+
+    def bound(self, result: np.ndarray, algorithm: str | None = None) -> np.ndarray:
+        """Per element: the largest |result - exact sum| the codec allows (``result`` is what the
+        all-reduce returned, as the sum: for ``op="avg"`` multiply it by the world size first).
+        ``algorithm`` overrides the one given at construction (the inputs' terms are the same)."""
+        if self.world == 0:
+            raise ValueError("SumBound.bound() before any input was added")
+        algorithm = self.algorithm if algorithm is None else ("direct" if algorithm == "auto" else algorithm)
+        bound = self.inputs + quantization_bound(self.codec, np.asarray(result, dtype=np.float32))
+        if algorithm not in _TWO_SHOT:
+            if self.codec.kind in CAST_ROUNDOFF:
+                partial = CAST_ROUNDOFF[self.codec.kind] * self.total_abs
+            else:
+                partial = quantization_bound(self.codec, self.total_abs.astype(np.float32))
+            bound += (self.world - 1) * 1.01 * partial
+        bound += 4 * self.world * F32_U * (self.total_abs + bound)
+        return bound
+
+
+def error_bound(codec: Codec, algorithm: str, inputs: Iterable[np.ndarray], result: np.ndarray) -> np.ndarray:
+    """Per element: how far the compressed all-reduce of ``inputs`` (one float32 array per rank) with
+    ``algorithm`` may land from the exact sum, given the ``result`` it returned (see the module doc)."""
+    result = np.asarray(result).reshape(-1)
+    sb = SumBound(codec, algorithm, result.size)
+    for x in inputs:
+        sb.add(x)
+    return sb.bound(result)
