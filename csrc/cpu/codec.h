@@ -47,9 +47,7 @@ class Codec {
 
   uint32_t block_elems() const { return block_elems_; }
   uint32_t block_bytes() const { return block_bytes_; }
-  uint64_t encoded_bytes(uint64_t n) const {
-    return (n / block_elems_) * block_bytes_ + tail_bytes_[n % block_elems_];
-  }
+  uint64_t encoded_bytes(uint64_t n) const { return (n / block_elems_) * block_bytes_ + tail_bytes_[n % block_elems_]; }
   // Elements in `bytes` encoded bytes starting on a block boundary: whole blocks, or the rest of a
   // message of `total` elements whose encoding ends there.
   uint64_t elements_in(uint64_t bytes, uint64_t elem_start, uint64_t total) const;

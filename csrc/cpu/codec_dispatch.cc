@@ -130,8 +130,7 @@ class UserCodec final : public Codec {
 
 std::shared_ptr<Codec> make_user_codec(std::string name, uint32_t block_elems, uint32_t block_bytes,
                                        std::vector<uint32_t> tail_bytes, UserEncodeFn encode, UserDecodeFn decode) {
-  return std::make_shared<UserCodec>(std::move(name), block_elems, block_bytes, std::move(tail_bytes), encode,
-                                     decode);
+  return std::make_shared<UserCodec>(std::move(name), block_elems, block_bytes, std::move(tail_bytes), encode, decode);
 }
 
 }  // namespace pycoll::cpu

@@ -105,8 +105,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   const cpu::Codec* const codec = a.codec;
   const size_t block_bytes = codec ? codec->block_bytes() : 1;
   const size_t frag_bytes = codec ? t_.fragment_bytes() / block_bytes * block_bytes : t_.fragment_bytes();
-  const uint32_t rounding_key =
-      codec ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0;
+  const uint32_t rounding_key = codec ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0;
   const float residual_scale = a.op == RedOp::kAvg ? static_cast<float>(t_.world()) : 1.0f;
   auto encoded_offset = [&](uint64_t elem) { return elem / codec->block_elems() * block_bytes; };
   std::vector<uint64_t>& msg_bytes = msg_bytes_;

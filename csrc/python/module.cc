@@ -12,10 +12,10 @@
 
 #include "cpu/codec.h"
 #include "cpu/reduce.h"
-#include "kernels/half.h"
 #include "engine/descriptor.h"
 #include "engine/executor.h"
 #include "engine/plan.h"
+#include "kernels/half.h"
 #include "transport/shm.h"
 
 namespace py = pybind11;
@@ -178,9 +178,11 @@ T* array_data(py::handle obj, const char* what, bool required = true) {
     if (required) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " is required");
     return nullptr;
   }
-  if (!py::isinstance<py::array>(obj)) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be a numpy array");
+  if (!py::isinstance<py::array>(obj))
+    throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be a numpy array");
   py::array arr = py::reinterpret_borrow<py::array>(obj);
-  if (!(arr.flags() & py::array::c_style)) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be C-contiguous");
+  if (!(arr.flags() & py::array::c_style))
+    throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be C-contiguous");
   return static_cast<T*>(arr.mutable_data());
 }
 
@@ -196,11 +198,12 @@ void codec_encode(const cpu::Codec& c, py::handle src, py::handle out, py::handl
   cpu::EncodeArgs a;
   a.src = array_data<float>(src, "src");
   a.n = array_items(src);
-  if (py::reinterpret_borrow<py::array>(src).itemsize() != 4) throw Error(ErrorKind::kInvalidUsage, "src must be float32");
+  if (py::reinterpret_borrow<py::array>(src).itemsize() != 4)
+    throw Error(ErrorKind::kInvalidUsage, "src must be float32");
   a.out = array_data<uint8_t>(out, "out");
   if (array_nbytes(out) < c.encoded_bytes(a.n))
-    throw Error(ErrorKind::kInvalidUsage, "out holds " + std::to_string(array_nbytes(out)) + " bytes, the encoding needs " +
-                                              std::to_string(c.encoded_bytes(a.n)));
+    throw Error(ErrorKind::kInvalidUsage, "out holds " + std::to_string(array_nbytes(out)) +
+                                              " bytes, the encoding needs " + std::to_string(c.encoded_bytes(a.n)));
   a.residual = array_data<float>(residual, "residual", false);
   a.decoded = array_data<float>(decoded, "decoded", false);
   if ((a.residual && array_items(residual) != a.n) || (a.decoded && array_items(decoded) != a.n))
@@ -212,14 +215,16 @@ void codec_encode(const cpu::Codec& c, py::handle src, py::handle out, py::handl
   c.encode(a);
 }
 
-void codec_decode(const cpu::Codec& c, py::handle in, py::handle dst, py::handle acc, py::handle residual, int divisor) {
+void codec_decode(const cpu::Codec& c, py::handle in, py::handle dst, py::handle acc, py::handle residual,
+                  int divisor) {
   cpu::DecodeArgs a;
   a.dst = array_data<float>(dst, "dst");
   a.n = array_items(dst);
   a.in = array_data<uint8_t>(in, "in");
   if (array_nbytes(in) < c.encoded_bytes(a.n))
     throw Error(ErrorKind::kInvalidUsage, "in holds " + std::to_string(array_nbytes(in)) + " bytes, " +
-                                              std::to_string(a.n) + " elements need " + std::to_string(c.encoded_bytes(a.n)));
+                                              std::to_string(a.n) + " elements need " +
+                                              std::to_string(c.encoded_bytes(a.n)));
   a.acc = array_data<float>(acc, "acc", false);
   a.residual = array_data<float>(residual, "residual", false);
   if ((a.acc && array_items(acc) != a.n) || (a.residual && array_items(residual) != a.n))
