@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#if defined(__F16C__)
+#include <type_traits>
+#if defined(__SSE2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -133,10 +134,51 @@ class CastCodec final : public Codec {
   }
 };
 
+// ---- int4 nibbles, 16 bytes at a time where SSE2 is there (every x86-64) -------------------------------------
+// codes[2j] and codes[2j+1] <-> the low and high nibble of payload[j], for n codes (n even).
+static inline void pack_int4_codes(const int8_t* codes, uint8_t* payload, size_t n) {
+  size_t j = 0;
+#if defined(__SSE2__)
+  const __m128i low = _mm_set1_epi16(0x000f), high = _mm_set1_epi16(0x00f0);
+  for (; 2 * j + 32 <= n; j += 16) {  // 32 codes -> 16 bytes; a 16-bit lane holds one pair
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 2 * j));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 2 * j + 16));
+    const __m128i pa = _mm_or_si128(_mm_and_si128(a, low), _mm_and_si128(_mm_srli_epi16(a, 4), high));
+    const __m128i pb = _mm_or_si128(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), high));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(payload + j), _mm_packus_epi16(pa, pb));
+  }
+#endif
+  for (; 2 * j < n; ++j) payload[j] = codec::pack_int4(codes[2 * j], codes[2 * j + 1]);
+}
+
+static inline void unpack_int4_codes(const uint8_t* payload, int8_t* codes, size_t n) {
+  size_t j = 0;
+#if defined(__SSE2__)
+  const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  for (; 2 * j + 32 <= n; j += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(payload + j));
+    const __m128i lo = _mm_and_si128(v, nibble);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), nibble);
+    // interleave back into element order, then sign-extend the 4-bit values: (x ^ 8) - 8
+    const __m128i a = _mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), eight), eight);
+    const __m128i b = _mm_sub_epi8(_mm_xor_si128(_mm_unpackhi_epi8(lo, hi), eight), eight);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 2 * j), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 2 * j + 16), b);
+  }
+#endif
+  for (; 2 * j < n; ++j) {
+    codes[2 * j] = static_cast<int8_t>(codec::int4_lo(payload[j]));
+    codes[2 * j + 1] = static_cast<int8_t>(codec::int4_hi(payload[j]));
+  }
+}
+
 // ---- int8 / int4 with a float32 absmax per block ------------------------------------------------------------
-template <Kind K, Rounding R>
+// kFixed > 0 compiles the loops for that block size (constant trip counts, no epilogues: small blocks
+// would otherwise spend much of their time in loop overhead); 0 takes the block size at run time.
+template <Kind K, Rounding R, uint32_t kFixed>
 class BlockCodec final : public Codec {
   static constexpr int32_t kQmax = codec::qmax_of(K);
+  using Fixed = std::integral_constant<size_t, kFixed>;
 
  public:
   explicit BlockCodec(uint32_t block)
@@ -154,97 +196,149 @@ class BlockCodec final : public Codec {
   }
 
   void encode(const EncodeArgs& a) const override {
-    alignas(64) float xs[codec::kMaxBlock];
-    alignas(64) int8_t qs[codec::kMaxBlock];
-    alignas(64) float ds[codec::kMaxBlock];
     uint8_t* out = a.out;
     uint8_t* out2 = a.out2;
-    for (size_t at = 0; at < a.n; at += block_) {
-      const size_t m = std::min<size_t>(block_, a.n - at);
-      const float* x = a.src + at;
-      if (a.residual) {
-        const float* r = a.residual + at;
-        for (size_t i = 0; i < m; ++i) xs[i] = codec::add_rn(x[i], r[i]);
-        x = xs;
-      }
-      uint32_t amax = 0;
-      for (size_t i = 0; i < m; ++i) amax = std::max(amax, codec::abs_bits(x[i]));
-      const float absmax = bits_as_float(amax);
-      if (!codec::finite_abs_bits(amax)) {
-        std::memset(qs, 0, m);
-      } else {
-        const float inv = codec::quant_inv_step(absmax, kQmax);
-        if constexpr (R == Rounding::kNearest) {
-          for (size_t i = 0; i < m; ++i) qs[i] = static_cast<int8_t>(codec::quantize_nearest(x[i], inv, kQmax));
-        } else {
-          const uint64_t index = a.index + at;
-          const uint32_t lo = static_cast<uint32_t>(index), hi = static_cast<uint32_t>(index >> 32);
-          if (lo <= UINT32_MAX - m) {  // the common case, in 32-bit lanes: the block does not cross 2^32
-            for (size_t i = 0; i < m; ++i) {
-              const float u = codec::uniform01(codec::random_bits32(a.key, lo + static_cast<uint32_t>(i), hi));
-              qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
-            }
-          } else {
-            for (size_t i = 0; i < m; ++i) {
-              const float u = codec::uniform01(codec::random_bits(a.key, index + i));
-              qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
-            }
-          }
-        }
-      }
-      std::memcpy(out, &absmax, codec::kScaleBytes);
-      uint8_t* payload = out + codec::kScaleBytes;
-      if constexpr (K == Kind::kInt8) {
-        std::memcpy(payload, qs, m);
-      } else {
-        const size_t pairs = m / 2;
-        for (size_t j = 0; j < pairs; ++j) payload[j] = codec::pack_int4(qs[2 * j], qs[2 * j + 1]);
-        if (m & 1) payload[pairs] = codec::pack_int4(qs[m - 1], 0);
-      }
-      const size_t bytes = codec::kScaleBytes + codec::payload_bytes(K, m);
-      if (out2) {
-        std::memcpy(out2, out, bytes);
-        out2 += bytes;
-      }
-      out += bytes;
-      if (a.residual || a.decoded) {
-        const float step = codec::quant_step(absmax, kQmax);
-        for (size_t i = 0; i < m; ++i) ds[i] = codec::dequantize(qs[i], absmax, step, kQmax);
-        finish_encode(a, at, x, ds, m);
-      }
+    size_t at = 0;
+    if constexpr (kFixed > 0) {
+      for (; at + kFixed <= a.n; at += kFixed) encode_block(a, at, Fixed{}, out, out2);
     }
+    for (; at < a.n; at += block_) encode_block(a, at, std::min<size_t>(block_, a.n - at), out, out2);
   }
 
   void decode(const DecodeArgs& a) const override {
-    alignas(64) int8_t qs[codec::kMaxBlock];
+    // Blocks are decoded into a piece of several blocks, then accumulated and stored in one pass.
     alignas(64) float ds[codec::kMaxBlock];
+    const size_t piece = codec::kMaxBlock / block_ * block_;
     const uint8_t* in = a.in;
-    for (size_t at = 0; at < a.n; at += block_) {
-      const size_t m = std::min<size_t>(block_, a.n - at);
-      float absmax;
-      std::memcpy(&absmax, in, codec::kScaleBytes);
-      const uint8_t* payload = in + codec::kScaleBytes;
-      const int8_t* q;
-      if constexpr (K == Kind::kInt8) {
-        q = reinterpret_cast<const int8_t*>(payload);
-      } else {
-        const size_t bytes = (m + 1) / 2;
-        for (size_t j = 0; j < bytes; ++j) {
-          qs[2 * j] = static_cast<int8_t>(codec::int4_lo(payload[j]));
-          qs[2 * j + 1] = static_cast<int8_t>(codec::int4_hi(payload[j]));
-        }
-        q = qs;
+    for (size_t at = 0; at < a.n; at += piece) {
+      const size_t m = std::min(piece, a.n - at);
+      size_t i = 0;
+      if constexpr (kFixed > 0) {
+        for (; i + kFixed <= m; i += kFixed) in = decode_block(in, ds + i, Fixed{});
       }
-      const float step = codec::quant_step(absmax, kQmax);
-      for (size_t i = 0; i < m; ++i) ds[i] = codec::dequantize(q[i], absmax, step, kQmax);
+      for (; i < m; i += block_) in = decode_block(in, ds + i, std::min<size_t>(block_, m - i));
       finish(a, at, ds, m);
-      in += codec::kScaleBytes + codec::payload_bytes(K, m);
     }
   }
 
  private:
+  template <class M>
+  void encode_block(const EncodeArgs& a, size_t at, M m, uint8_t*& out, uint8_t*& out2) const {
+    alignas(64) float xs[codec::kMaxBlock];
+    alignas(64) int8_t qs[codec::kMaxBlock + 32];
+    alignas(64) float ds[codec::kMaxBlock];
+    const float* x = a.src + at;
+    if (a.residual) {
+      const float* r = a.residual + at;
+      for (size_t i = 0; i < m; ++i) xs[i] = codec::add_rn(x[i], r[i]);
+      x = xs;
+    }
+    uint32_t amax = 0;
+    for (size_t i = 0; i < m; ++i) amax = std::max(amax, codec::abs_bits(x[i]));
+    const float absmax = bits_as_float(amax);
+    if (!codec::finite_abs_bits(amax)) {
+      std::memset(qs, 0, m);
+    } else {
+      const float inv = codec::quant_inv_step(absmax, kQmax);
+      if constexpr (R == Rounding::kNearest) {
+        for (size_t i = 0; i < m; ++i) qs[i] = static_cast<int8_t>(codec::quantize_nearest(x[i], inv, kQmax));
+      } else {
+        const uint64_t index = a.index + at;
+        const uint32_t lo = static_cast<uint32_t>(index), hi = static_cast<uint32_t>(index >> 32);
+        if (lo <= UINT32_MAX - m) {  // the common case, in 32-bit lanes: the block does not cross 2^32
+          for (size_t i = 0; i < m; ++i) {
+            const float u = codec::uniform01(codec::random_bits32(a.key, lo + static_cast<uint32_t>(i), hi));
+            qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
+          }
+        } else {
+          for (size_t i = 0; i < m; ++i) {
+            const float u = codec::uniform01(codec::random_bits(a.key, index + i));
+            qs[i] = static_cast<int8_t>(codec::quantize_stochastic(x[i], inv, kQmax, u));
+          }
+        }
+      }
+    }
+    std::memcpy(out, &absmax, codec::kScaleBytes);
+    uint8_t* payload = out + codec::kScaleBytes;
+    if constexpr (K == Kind::kInt8) {
+      std::memcpy(payload, qs, m);
+    } else {
+      if (m & 1) qs[m] = 0;  // a block of odd length pads a zero nibble
+      pack_int4_codes(qs, payload, m + (m & 1));
+    }
+    const size_t bytes = codec::kScaleBytes + codec::payload_bytes(K, m);
+    if (out2) {
+      std::memcpy(out2, out, bytes);
+      out2 += bytes;
+    }
+    out += bytes;
+    if (a.residual || a.decoded) {
+      const float step = codec::quant_step(absmax, kQmax);
+      for (size_t i = 0; i < m; ++i) ds[i] = codec::dequantize(qs[i], absmax, step, kQmax);
+      finish_encode(a, at, x, ds, m);
+    }
+  }
+
+  // Decodes one block of m elements at `in` into d; returns where the next block starts.
+  template <class M>
+  static const uint8_t* decode_block(const uint8_t* in, float* d, M m) {
+    alignas(64) int8_t qs[codec::kMaxBlock + 32];
+    float absmax;
+    std::memcpy(&absmax, in, codec::kScaleBytes);
+    const uint8_t* payload = in + codec::kScaleBytes;
+    const int8_t* q;
+    if constexpr (K == Kind::kInt8) {
+      q = reinterpret_cast<const int8_t*>(payload);
+    } else {
+      unpack_int4_codes(payload, qs, m + (m & 1));
+      q = qs;
+    }
+    const float step = codec::quant_step(absmax, kQmax);
+    size_t i = 0;
+#if defined(__AVX2__)
+    i = m / 8 * 8;
+    dequantize_avx2(q, d, i, absmax, step);
+#endif
+    for (; i < m; ++i) d[i] = codec::dequantize(q[i], absmax, step, kQmax);
+    return in + codec::kScaleBytes + codec::payload_bytes(K, m);
+  }
+
+#if defined(__AVX2__)
+  // codec::dequantize eight codes at a time (the same operations, so the same bits); m is a multiple of 8.
+  static void dequantize_avx2(const int8_t* q, float* d, size_t m, float absmax, float step) {
+    const __m256 vstep = _mm256_set1_ps(step), vmax = _mm256_set1_ps(absmax), vmin = _mm256_set1_ps(-absmax);
+    const __m256 lim = _mm256_set1_ps(static_cast<float>(kQmax)), nlim = _mm256_set1_ps(-static_cast<float>(kQmax));
+    for (size_t i = 0; i < m; i += 8) {
+      const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
+      const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+      __m256 v = _mm256_mul_ps(qf, vstep);
+      v = _mm256_blendv_ps(v, vmax, _mm256_cmp_ps(qf, lim, _CMP_EQ_OQ));
+      v = _mm256_blendv_ps(v, vmin, _mm256_cmp_ps(qf, nlim, _CMP_EQ_OQ));
+      _mm256_storeu_ps(d + i, v);
+    }
+  }
+#endif
+
   uint32_t block_;
 };
+
+template <Kind K, Rounding R>
+std::shared_ptr<Codec> make_block_codec(uint32_t block) {
+  switch (block) {  // the sizes worth compiling loops for: the defaults and their neighbours
+    case 16:
+      return std::make_shared<BlockCodec<K, R, 16>>(block);
+    case 32:
+      return std::make_shared<BlockCodec<K, R, 32>>(block);
+    case 64:
+      return std::make_shared<BlockCodec<K, R, 64>>(block);
+    case 128:
+      return std::make_shared<BlockCodec<K, R, 128>>(block);
+    case 256:
+      return std::make_shared<BlockCodec<K, R, 256>>(block);
+    default:
+      return std::make_shared<BlockCodec<K, R, 0>>(block);
+  }
+}
 
 std::shared_ptr<Codec> make_builtin(Kind kind, uint32_t block, Rounding rounding) {
   const bool sr = rounding == Rounding::kStochastic;
@@ -254,11 +348,11 @@ std::shared_ptr<Codec> make_builtin(Kind kind, uint32_t block, Rounding rounding
     case Kind::kBf16:
       return std::make_shared<CastCodec<Kind::kBf16>>();
     case Kind::kInt8:
-      if (sr) return std::make_shared<BlockCodec<Kind::kInt8, Rounding::kStochastic>>(block);
-      return std::make_shared<BlockCodec<Kind::kInt8, Rounding::kNearest>>(block);
+      if (sr) return make_block_codec<Kind::kInt8, Rounding::kStochastic>(block);
+      return make_block_codec<Kind::kInt8, Rounding::kNearest>(block);
     case Kind::kInt4:
-      if (sr) return std::make_shared<BlockCodec<Kind::kInt4, Rounding::kStochastic>>(block);
-      return std::make_shared<BlockCodec<Kind::kInt4, Rounding::kNearest>>(block);
+      if (sr) return make_block_codec<Kind::kInt4, Rounding::kStochastic>(block);
+      return make_block_codec<Kind::kInt4, Rounding::kNearest>(block);
     default:
       return nullptr;
   }
