@@ -88,4 +88,8 @@ def __getattr__(name: str) -> Any:
         from pycoll.work import Work
 
         return Work
+    if name == "compression":  # pycoll.compression.Int8(...) after a plain `import pycoll`
+        import importlib
+
+        return importlib.import_module("pycoll.compression")
     raise AttributeError(f"module 'pycoll' has no attribute {name!r}")

@@ -10,7 +10,7 @@ import atexit
 import logging
 import sys
 import threading
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable, Literal, TypeVar, Union, overload
 
 import numpy as np
 
@@ -225,6 +225,34 @@ def _compression(
     if res.overlaps(buf):
         raise InvalidUsageError("residual must not overlap x")
     return codec, res
+
+
+@overload
+def allreduce(
+    x: T,
+    op: str = ...,
+    *,
+    algorithm: str = ...,
+    compression: Union[str, Codec, None] = ...,
+    residual: Any = ...,
+    comm: Communicator | None = ...,
+    timeout: float | None = ...,
+    async_op: Literal[False] = ...,
+) -> T: ...
+
+
+@overload
+def allreduce(
+    x: T,
+    op: str = ...,
+    *,
+    algorithm: str = ...,
+    compression: Union[str, Codec, None] = ...,
+    residual: Any = ...,
+    comm: Communicator | None = ...,
+    timeout: float | None = ...,
+    async_op: Literal[True],
+) -> Work: ...
 
 
 def allreduce(

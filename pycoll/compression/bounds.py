@@ -7,7 +7,8 @@ One encode moves an element by at most:
 
     int8 / int4     half a step (a whole step with stochastic rounding), step = block absmax / qmax
                     (``codec.step_bound``)
-    fp16 / bf16     half an ulp: 2**-11 / 2**-8 of the magnitude (relative unit roundoff)
+    fp16 / bf16     half an ulp: 2**-11 / 2**-8 of the magnitude (relative unit roundoff), and at least
+                    half the subnormal spacing (2**-25 / 2**-134) for magnitudes too small to be normal
 
 and the all-reduce of ``world`` float32 inputs x_r lands within, per element,
 
@@ -33,6 +34,8 @@ __all__ = ["CAST_ROUNDOFF", "F32_U", "SumBound", "block_absmax", "error_bound", 
 
 #: Relative unit roundoff (half an ulp) of the cast codecs.
 CAST_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+#: Half the spacing of their subnormals: the absolute error floor of tiny magnitudes.
+CAST_SUBNORMAL = {"fp16": 2.0**-25, "bf16": 2.0**-134}
 #: float32's unit roundoff.
 F32_U = 2.0**-24
 #: Algorithms whose partial sums are encoded once only (the others re-encode them per hop / level).
@@ -62,7 +65,8 @@ def quantization_bound(codec: Codec, x: np.ndarray) -> np.ndarray:
     """Per element: the most one encode of ``x`` (float32) can move each element (float64)."""
     _check_codec(codec)
     if codec.kind in CAST_ROUNDOFF:
-        return CAST_ROUNDOFF[codec.kind] * np.abs(np.asarray(x, dtype=np.float64)).reshape(-1) + 1e-38
+        magnitude = np.abs(np.asarray(x, dtype=np.float64)).reshape(-1)
+        return CAST_ROUNDOFF[codec.kind] * magnitude + CAST_SUBNORMAL[codec.kind]
     step_bound = getattr(codec, "step_bound")  # noqa: B009 (block codecs only; checked above)
     return np.asarray(step_bound(block_absmax(x, codec.block_elems)), dtype=np.float64)
 
@@ -105,7 +109,7 @@ class SumBound:
         bound = self.inputs + quantization_bound(self.codec, np.asarray(result, dtype=np.float32))
         if algorithm not in _TWO_SHOT:
             if self.codec.kind in CAST_ROUNDOFF:
-                partial = CAST_ROUNDOFF[self.codec.kind] * self.total_abs
+                partial = CAST_ROUNDOFF[self.codec.kind] * self.total_abs + CAST_SUBNORMAL[self.codec.kind]
             else:
                 partial = quantization_bound(self.codec, self.total_abs.astype(np.float32))
             bound += (self.world - 1) * 1.01 * partial

@@ -85,6 +85,14 @@ class Codec:
     def __repr__(self) -> str:
         return self.name
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_native"] = None  # rebuilt on first use
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Codec) and other.wire_id == self.wire_id and other.seed == self.seed
 

@@ -1,0 +1,175 @@
+"""Train a small MLP with PyTorch DDP, gradients all-reduced (and compressed) by pycoll.
+
+    pycoll run -n 2 examples/ddp_train.py --compression int8
+    torchrun --nproc-per-node 2 examples/ddp_train.py --compression int4 --steps 500
+    pycoll run -n 2 examples/ddp_train.py --compression powersgd --powersgd-rank 4
+    pycoll run -n 2 examples/ddp_train.py --compression ddp        # DDP's own (gloo) all-reduce
+
+The data set is synthetic and seeded (Gaussian clusters with overlapping classes), the model is built
+from the same seed on every rank, and every step draws one global batch from a seeded generator; rank r
+trains on slice r of it. Rank 0 prints the loss over the whole data set every ``--log-every`` steps
+and at the end. The parameters are checked to be bitwise identical on every rank at the end.
+
+``--compression``: ``ddp`` (no hook: DDP's default all-reduce over gloo), ``none`` (pycoll's
+uncompressed ``allreduce_hook``), ``fp16``, ``bf16``, ``int8``, ``int4`` (``allreduce_hook`` with that
+codec; error feedback unless ``--no-error-feedback``), ``powersgd`` (``powersgd_hook``, rank
+``--powersgd-rank``).
+
+Process group: gloo. Under torchrun, ``env://`` as usual. Under ``pycoll run``, MASTER_ADDR/MASTER_PORT
+name the launcher's own (pycoll) rendezvous store, which torch cannot speak to; so rank 0 opens a torch
+TCPStore on a port the kernel picks and publishes that port in the launcher's store, where the other
+ranks read it (no fixed port, nothing left on disk). Either way, pycoll's communicator is then formed
+from the process group (``pycoll.torch.init_from_process_group``), through torch's store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import pycoll
+import pycoll.torch as pt
+from pycoll.bootstrap import TCPStoreClient, launcher_hosts_store
+
+COMPRESSIONS = ("ddp", "none", "fp16", "bf16", "int8", "int4", "powersgd")
+
+
+def synthetic_classification(
+    n: int = 8192, features: int = 32, classes: int = 8, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Overlapping Gaussian clusters: the same tensors for the same arguments, on every rank and run."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(classes, features, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = centers[y] + 3.0 * torch.randn(n, features, generator=g)
+    return x, y
+
+
+def make_model(features: int = 32, classes: int = 8, hidden: int = 128, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes)
+    )
+
+
+def init_process_group(timeout: float = 120.0) -> None:
+    """gloo process group from the launcher's environment (torchrun, ``pycoll run``, or none: 1 rank)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    delta = timedelta(seconds=timeout)
+    if "MASTER_PORT" not in os.environ:  # plain `python examples/ddp_train.py`: one rank
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=delta)
+        return
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if not launcher_hosts_store():  # torchrun (or MASTER_* set by hand): torch's own rendezvous
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=delta)
+        return
+    # pycoll run: the store at MASTER_PORT is pycoll's. Meet there only to learn torch's store port.
+    launcher = TCPStoreClient(addr, int(os.environ["MASTER_PORT"]), timeout)
+    try:
+        key = "examples/ddp_train/torch_store_port"
+        if rank == 0:
+            store = dist.TCPStore(addr, 0, world, is_master=True, timeout=delta, wait_for_workers=False)
+            launcher.set(key, str(store.port).encode())
+        else:
+            port = int(launcher.get(key))
+            store = dist.TCPStore(addr, port, world, is_master=False, timeout=delta)
+    finally:
+        launcher.close()
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=delta)
+
+
+def register_hook(ddp: DDP, compression: str, comm: pycoll.Communicator, *, error_feedback: bool,
+                  powersgd_rank: int) -> object:
+    """Registers the communication hook ``compression`` names on ``ddp``; returns its state (or None)."""
+    if compression == "ddp":
+        return None
+    if compression == "powersgd":
+        kwargs = {} if error_feedback else {"error_feedback": False}
+        state: object = pt.PowerSGDState(comm=comm, rank=powersgd_rank, start_iter=2, **kwargs)
+        ddp.register_comm_hook(state, pt.powersgd_hook)
+        return state
+    state = pt.HookState(comm=comm, compression=compression, error_feedback=error_feedback)
+    ddp.register_comm_hook(state, pt.allreduce_hook)
+    return state
+
+
+def full_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float(F.cross_entropy(model(x), y))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compression", choices=COMPRESSIONS, default="int8")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--no-error-feedback", action="store_true", help="int8/int4/fp16/bf16/powersgd without EF")
+    ap.add_argument("--powersgd-rank", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=50)
+    args = ap.parse_args(argv)
+
+    init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    comm = pt.init_from_process_group()
+
+    x, y = synthetic_classification(seed=args.seed)
+    model = DDP(make_model(seed=args.seed))
+    state = register_hook(ddp=model, compression=args.compression, comm=comm,
+                          error_feedback=not args.no_error_feedback, powersgd_rank=args.powersgd_rank)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(args.steps, 1))
+    batches = torch.Generator().manual_seed(args.seed + 1)
+    if rank == 0:
+        ef = "" if args.compression in ("ddp", "none") else (" without" if args.no_error_feedback else " with")
+        ef += " error feedback" if ef else ""
+        print(f"ddp_train: {world} ranks, compression {args.compression}{ef}, {args.steps} steps, "
+              f"initial loss {full_loss(model.module, x, y):.4f}", flush=True)
+
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        idx = torch.randint(0, x.shape[0], (world * args.batch_size,), generator=batches)
+        mine = idx[rank * args.batch_size:(rank + 1) * args.batch_size]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        opt.step()
+        sched.step()
+        if rank == 0 and args.log_every > 0 and step % args.log_every == 0 and step != args.steps:
+            print(f"step {step:5d}  loss {full_loss(model.module, x, y):.4f}", flush=True)
+    elapsed = time.perf_counter() - start
+
+    # DDP keeps every rank's parameters identical: check it bitwise (a 1-element all-reduce of a digest).
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    h = int.from_bytes(hashlib.sha256(flat.numpy().tobytes()).digest()[:6], "little")  # < 2**53: exact
+    digest = torch.tensor([float(h)], dtype=torch.float64)
+    agreed = digest.clone()
+    pycoll.allreduce(agreed, "max", comm=comm)
+    same = bool(agreed.item() == digest.item())
+    pycoll.allreduce(digest, "min", comm=comm)
+    same = same and bool(digest.item() == agreed.item())
+    if rank == 0:
+        print(f"final loss {full_loss(model.module, x, y):.4f}  ({args.steps} steps, "
+              f"{1e3 * elapsed / max(args.steps, 1):.2f} ms/step, parameters "
+              f"{'identical' if same else 'DIFFER'} on all ranks)", flush=True)
+    del state
+    dist.destroy_process_group()
+    pycoll.finalize(comm)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

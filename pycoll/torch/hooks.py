@@ -1,0 +1,162 @@
+"""The all-reduce communication hook for DDP and the communicator it runs on.
+
+The contract DDP expects from a hook (torch.distributed.algorithms.ddp_comm_hooks), kept exactly:
+``hook(state, bucket) -> torch.futures.Future`` whose value is a tensor of the bucket's shape holding
+the *averaged* gradients. This hook writes the average into ``bucket.buffer()`` in place (so
+``gradient_as_bucket_view=True`` gradients see it and no second full-size buffer is kept alive) and
+returns the future of an asynchronous pycoll all-reduce, so DDP overlaps it with the rest of backward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import pycoll
+from pycoll.comm import Communicator
+from pycoll.compression import CODEC_DTYPES, Codec, get_codec
+from pycoll.errors import InvalidUsageError
+
+_TORCH_CODEC_DTYPES = {getattr(torch, name) for name in CODEC_DTYPES}
+_group_counter: dict[tuple[int, ...], itertools.count] = {}
+
+
+def init_from_process_group(
+    process_group: Any = None, *, timeout: float | None = None, set_default: bool = False
+) -> Communicator:
+    """A pycoll communicator over the ranks of a torch.distributed process group (the default group
+    when None), formed through torch's own store: no second rendezvous, no extra ports.
+
+    Every rank of the group must call it (the same number of times per group). ``set_default`` makes
+    it the communicator pycoll's collectives use when ``comm=`` is omitted.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidUsageError(
+            "init_from_process_group() needs torch.distributed initialized (dist.init_process_group)"
+        )
+    from torch.distributed import distributed_c10d as c10d
+
+    group = process_group if process_group is not None else c10d._get_default_group()
+    ranks = tuple(dist.get_process_group_ranks(group))
+    # Keys unique to this group and to this call for the group, identical on every member.
+    call = next(_group_counter.setdefault(ranks, itertools.count()))
+    prefix = f"pycoll/pg{abs(hash(ranks)) % (1 << 32):08x}/{call}"
+    store = dist.PrefixStore(prefix, c10d._get_default_store())
+    return pycoll.init(
+        store=store,
+        rank=dist.get_rank(group),
+        world_size=dist.get_world_size(group),
+        timeout=timeout,
+        set_default=set_default,
+    )
+
+
+class HookState:
+    """What ``allreduce_hook`` keeps between calls.
+
+    ``comm``: the pycoll communicator (None: pycoll's default one if ``pycoll.init()`` was called, else
+    one formed from DDP's default process group on first use). ``compression``: None / "none" for a plain
+    all-reduce, or a codec name or object (``pycoll.compression``). ``error_feedback``: keep a float32
+    residual per bucket (``bucket.index()``), re-created when the bucket changes (its size, or the
+    shapes and order of its parameters).
+    ``start_iter``: iterations before compression starts (DDP rebuilds its buckets after the first
+    one, so the default 2 keeps residuals from being made for buckets about to change). ``min_numel``:
+    buckets smaller than this (biases, norms) go uncompressed.
+
+    Pickles without the communicator (``__getstate__``): save it with a checkpoint and restore it on
+    the same ranks to continue with the same residuals and iteration count: rolled back into the same
+    DDP, training continues bit for bit as it did. A restarted job's new DDP runs its first iteration on
+    its initial bucket layout and only then rebuilds it in the order gradients became ready, so in that
+    one iteration the buckets differ from the saved run's (their residuals are re-created as zeros)
+    and the result differs slightly from an uninterrupted run; from the next iteration on the layouts
+    agree again.
+    """
+
+    def __init__(
+        self,
+        comm: Communicator | None = None,
+        compression: str | Codec | None = "int8",
+        error_feedback: bool = True,
+        start_iter: int = 2,
+        min_numel: int = 1024,
+    ) -> None:
+        if not isinstance(start_iter, int) or start_iter < 0:
+            raise InvalidUsageError(f"start_iter must be an integer >= 0, got {start_iter!r}")
+        if not isinstance(min_numel, int) or min_numel < 0:
+            raise InvalidUsageError(f"min_numel must be an integer >= 0, got {min_numel!r}")
+        self.comm = comm
+        self.codec = get_codec(compression)
+        self.error_feedback = bool(error_feedback)
+        self.start_iter = start_iter
+        self.min_numel = min_numel
+        self.iter = 0
+        self.residuals: dict[int, torch.Tensor] = {}
+        self.layouts: dict[int, tuple[tuple[int, ...], ...]] = {}  # bucket -> its parameters' shapes
+        self._warned_dtype = False
+
+    def communicator(self) -> Communicator:
+        if self.comm is None:
+            self.comm = pycoll.get_comm() if pycoll.is_initialized() else init_from_process_group()
+        return self.comm
+
+    def codec_for(self, buffer: torch.Tensor) -> Codec | None:
+        """The codec this bucket goes through now, or None (too early, too small, or not a float type)."""
+        if self.codec is None or self.iter < self.start_iter or buffer.numel() < self.min_numel:
+            return None
+        if buffer.dtype not in _TORCH_CODEC_DTYPES:
+            if not self._warned_dtype:
+                self._warned_dtype = True
+                warnings.warn(
+                    f"pycoll.torch: a {buffer.dtype} gradient bucket is all-reduced without compression "
+                    f"({self.codec!r} needs {', '.join(CODEC_DTYPES)})",
+                    stacklevel=3,
+                )
+            return None
+        return self.codec
+
+    def residual_for(
+        self, index: int, buffer: torch.Tensor, layout: tuple[tuple[int, ...], ...] = ()
+    ) -> torch.Tensor:
+        """The residual of bucket ``index``; zeros when new or when the bucket changed (``layout``: the
+        shapes of its parameters in order; DDP rebuilds its buckets after the first iteration)."""
+        r = self.residuals.get(index)
+        if r is None or r.numel() != buffer.numel() or self.layouts.get(index, layout) != layout:
+            r = torch.zeros(buffer.numel(), dtype=torch.float32)
+            self.residuals[index] = r
+        self.layouts[index] = layout
+        return r
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["comm"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Averages the bucket's gradients over the ranks through pycoll, compressed as ``state`` says."""
+    buffer = bucket.buffer()
+    codec = state.codec_for(buffer)
+    residual = None
+    if codec is not None and state.error_feedback:
+        layout = tuple(tuple(p.shape) for p in bucket.parameters())
+        residual = state.residual_for(bucket.index(), buffer, layout)
+    work = pycoll.allreduce(
+        buffer, "avg", compression=codec, residual=residual, comm=state.communicator(), async_op=True
+    )
+    if bucket.is_last():
+        state.iter += 1
+    fut: torch.futures.Future[torch.Tensor] = work.get_future()
+    return fut
+
+
+# DDP's register_comm_hook compares the annotations of `bucket` and the return value with the real
+# objects; under `from __future__ import annotations` they would be strings.
+allreduce_hook.__annotations__.update(bucket=dist.GradBucket, state=HookState)
+allreduce_hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
