@@ -51,14 +51,16 @@ def synthetic_classification(
     g = torch.Generator().manual_seed(seed)
     centers = torch.randn(classes, features, generator=g)
     y = torch.randint(0, classes, (n,), generator=g)
-    x = centers[y] + 3.0 * torch.randn(n, features, generator=g)
+    x = centers[y] + 2.0 * torch.randn(n, features, generator=g)
     return x, y
 
 
 def make_model(features: int = 32, classes: int = 8, hidden: int = 128, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes)
+        nn.Linear(features, hidden), nn.ReLU(),
+        nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, classes),
     )
 
 
@@ -89,14 +91,21 @@ def init_process_group(timeout: float = 120.0) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=delta)
 
 
-def register_hook(ddp: DDP, compression: str, comm: pycoll.Communicator, *, error_feedback: bool,
-                  powersgd_rank: int) -> object:
+def register_hook(
+    ddp: DDP,
+    compression: str,
+    comm: pycoll.Communicator,
+    *,
+    error_feedback: bool = True,
+    powersgd_rank: int = 4,
+) -> object:
     """Registers the communication hook ``compression`` names on ``ddp``; returns its state (or None)."""
     if compression == "ddp":
         return None
     if compression == "powersgd":
-        kwargs = {} if error_feedback else {"error_feedback": False}
-        state: object = pt.PowerSGDState(comm=comm, rank=powersgd_rank, start_iter=2, **kwargs)
+        state: object = pt.PowerSGDState(
+            comm=comm, rank=powersgd_rank, start_iter=2, use_error_feedback=error_feedback
+        )
         ddp.register_comm_hook(state, pt.powersgd_hook)
         return state
     state = pt.HookState(comm=comm, compression=compression, error_feedback=error_feedback)
@@ -109,63 +118,90 @@ def full_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float(F.cross_entropy(model(x), y))
 
 
+def params_digest(model: nn.Module) -> str:
+    """sha256 of every parameter's bytes: equal on two ranks only if their parameters are bitwise equal."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(
+    compression: str,
+    comm: pycoll.Communicator,
+    *,
+    steps: int = 300,
+    error_feedback: bool = True,
+    powersgd_rank: int = 4,
+    batch_size: int = 64,
+    lr: float = 0.05,
+    seed: int = 0,
+    log_every: int = 0,
+) -> tuple[float, str]:
+    """Trains the MLP with DDP on the default process group; returns (final loss over the whole data
+    set, ``params_digest``). SGD with momentum 0.9 and a cosine learning-rate decay to 0, so the final
+    loss is that of a settled model rather than of wherever the last noisy step left it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = synthetic_classification(seed=seed)
+    model = DDP(make_model(seed=seed))
+    register_hook(model, compression, comm, error_feedback=error_feedback, powersgd_rank=powersgd_rank)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
+    batches = torch.Generator().manual_seed(seed + 1)
+    for step in range(1, steps + 1):
+        # One global batch per step, the same on every rank; rank r trains on slice r of it.
+        idx = torch.randint(0, x.shape[0], (world * batch_size,), generator=batches)
+        mine = idx[rank * batch_size:(rank + 1) * batch_size]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        opt.step()
+        sched.step()
+        if rank == 0 and log_every > 0 and step % log_every == 0 and step != steps:
+            print(f"step {step:5d}  loss {full_loss(model.module, x, y):.4f}", flush=True)
+    return full_loss(model.module, x, y), params_digest(model.module)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compression", choices=COMPRESSIONS, default="int8")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--no-error-feedback", action="store_true", help="int8/int4/fp16/bf16/powersgd without EF")
+    ap.add_argument("--no-error-feedback", action="store_true", help="compress without error feedback")
     ap.add_argument("--powersgd-rank", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.05, help="peak learning rate (cosine decay to 0)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--log-every", type=int, default=50, help="steps between loss lines (0: none)")
     args = ap.parse_args(argv)
 
     init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    comm = pt.init_from_process_group()
+    comm = pt.init_from_process_group()  # pycoll's communicator, through the process group's store
 
-    x, y = synthetic_classification(seed=args.seed)
-    model = DDP(make_model(seed=args.seed))
-    state = register_hook(ddp=model, compression=args.compression, comm=comm,
-                          error_feedback=not args.no_error_feedback, powersgd_rank=args.powersgd_rank)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(args.steps, 1))
-    batches = torch.Generator().manual_seed(args.seed + 1)
     if rank == 0:
-        ef = "" if args.compression in ("ddp", "none") else (" without" if args.no_error_feedback else " with")
-        ef += " error feedback" if ef else ""
-        print(f"ddp_train: {world} ranks, compression {args.compression}{ef}, {args.steps} steps, "
-              f"initial loss {full_loss(model.module, x, y):.4f}", flush=True)
-
+        ef = ""
+        if args.compression not in ("ddp", "none"):
+            ef = " without error feedback" if args.no_error_feedback else " with error feedback"
+        x, y = synthetic_classification(seed=args.seed)
+        print(f"ddp_train: {world} rank(s), compression {args.compression}{ef}, {args.steps} steps, "
+              f"initial loss {full_loss(make_model(seed=args.seed), x, y):.4f}", flush=True)
     start = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        idx = torch.randint(0, x.shape[0], (world * args.batch_size,), generator=batches)
-        mine = idx[rank * args.batch_size:(rank + 1) * args.batch_size]
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x[mine]), y[mine]).backward()
-        opt.step()
-        sched.step()
-        if rank == 0 and args.log_every > 0 and step % args.log_every == 0 and step != args.steps:
-            print(f"step {step:5d}  loss {full_loss(model.module, x, y):.4f}", flush=True)
+    loss, digest = train(
+        args.compression, comm, steps=args.steps, error_feedback=not args.no_error_feedback,
+        powersgd_rank=args.powersgd_rank, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+        log_every=args.log_every,
+    )
     elapsed = time.perf_counter() - start
 
-    # DDP keeps every rank's parameters identical: check it bitwise (a 1-element all-reduce of a digest).
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    h = int.from_bytes(hashlib.sha256(flat.numpy().tobytes()).digest()[:6], "little")  # < 2**53: exact
-    digest = torch.tensor([float(h)], dtype=torch.float64)
-    agreed = digest.clone()
-    pycoll.allreduce(agreed, "max", comm=comm)
-    same = bool(agreed.item() == digest.item())
-    pycoll.allreduce(digest, "min", comm=comm)
-    same = same and bool(digest.item() == agreed.item())
+    # DDP keeps the ranks' parameters identical: check it bitwise by comparing digests.
+    digests: list[str | None] = [None] * world
+    dist.all_gather_object(digests, digest)
+    same = all(d == digest for d in digests)
     if rank == 0:
-        print(f"final loss {full_loss(model.module, x, y):.4f}  ({args.steps} steps, "
-              f"{1e3 * elapsed / max(args.steps, 1):.2f} ms/step, parameters "
-              f"{'identical' if same else 'DIFFER'} on all ranks)", flush=True)
-    del state
+        ms = 1e3 * elapsed / max(args.steps, 1)
+        print(f"final loss {loss:.4f}  ({args.steps} steps, {ms:.2f} ms/step, "
+              f"parameters {'bitwise identical' if same else 'DIFFER'} on all ranks)", flush=True)
     dist.destroy_process_group()
     pycoll.finalize(comm)
     return 0 if same else 1

@@ -96,16 +96,21 @@ class PowerSGDState:
     keep what the approximation left out and add it to the next step's gradient (a residual per
     bucket, ``bucket.index()``, re-created when the bucket changes). ``warm_start``: start each step's
     power iteration from the previous step's Q (else from a fresh random one).
-    ``orthogonalization_epsilon``: added to column norms in Gram-Schmidt (0: exact QR / Gram-Schmidt;
-    a column that is all zero stays zero). ``random_seed``: seeds the random Q, identically on every
-    rank.
+    ``orthogonalization_epsilon``: with epsilon > 0 (or r <= 2) P is orthogonalized by Gram-Schmidt
+    dividing each column by its norm + epsilon; with 0 and r > 2 by Householder QR. A column of P that
+    is zero, or depends on the earlier ones, becomes zero (no NaN); a Q column that is zero or not
+    finite is drawn again. ``random_seed``: seeds the random Q, identically on every rank.
 
     The hook is synchronous: it returns a completed future. Its three all-reduces depend on each other
     and must be issued in the same order on every rank, so they run on the thread DDP calls the hook
     on rather than in future callbacks on pycoll's worker thread.
 
     Pickles without the communicator (``__getstate__``): save it with a checkpoint and restore it on
-    the same ranks to continue with the same P, Q, residuals and iteration count.
+    the same ranks to continue with the same P, Q, residuals and iteration count. Into the DDP it was
+    saved from (a roll-back) it continues bitwise as before. Into a fresh DDP, whose first iteration
+    runs on DDP's initial buckets before it rebuilds them into the saved layout, the buckets that
+    differ are averaged uncompressed that once and their saved state is used from the next iteration
+    on (``bucket_state``).
     """
 
     def __init__(
@@ -124,7 +129,9 @@ class PowerSGDState:
         if not isinstance(start_iter, int) or isinstance(start_iter, bool) or start_iter < 0:
             raise InvalidUsageError(f"start_iter must be an integer >= 0, got {start_iter!r}")
         if not isinstance(min_compression_rate, (int, float)) or not min_compression_rate >= 0:
-            raise InvalidUsageError(f"min_compression_rate must be a number >= 0, got {min_compression_rate!r}")
+            raise InvalidUsageError(
+                f"min_compression_rate must be a number >= 0, got {min_compression_rate!r}"
+            )
         if not isinstance(orthogonalization_epsilon, (int, float)) or not orthogonalization_epsilon >= 0:
             raise InvalidUsageError(
                 f"orthogonalization_epsilon must be a number >= 0, got {orthogonalization_epsilon!r}"
@@ -141,6 +148,7 @@ class PowerSGDState:
         self.random_seed = random_seed
         self.iter = 0
         self.buckets: dict[int, BucketState] = {}
+        self._restored_at: int | None = None  # the iteration this state was unpickled at
 
     def communicator(self) -> Communicator:
         if self.comm is None:
@@ -167,13 +175,21 @@ class PowerSGDState:
                 out[pos] = res
         return out
 
-    def bucket_state(self, index: int, gradients: list[torch.Tensor]) -> BucketState:
-        """The state of bucket ``index``, made (zero residual, random Q) when new or when it changed."""
+    def bucket_state(self, index: int, gradients: list[torch.Tensor]) -> BucketState | None:
+        """The state of bucket ``index``, made (zero residual, random Q) when new or when it changed.
+
+        None in the first iteration after unpickling when the bucket differs from the saved one: a
+        fresh DDP's first iteration runs on its initial buckets, which it then rebuilds into the layout
+        the saved state was made for. That bucket is averaged uncompressed once and the saved state is
+        kept for the next iteration instead of being lost.
+        """
         dtype = gradients[0].dtype if gradients else torch.float32
         signature = (str(dtype), tuple(tuple(g.shape) for g in gradients))
         b = self.buckets.get(index)
         if b is not None and b.signature == signature:
             return b
+        if b is not None and self._restored_at == self.iter:
+            return None
         compressed = tuple(i for i, g in enumerate(gradients) if self.should_compress(g.shape))
         uncompressed = tuple(i for i in range(len(gradients)) if i not in set(compressed))
         dims = []
@@ -219,10 +235,12 @@ class PowerSGDState:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["comm"] = None
+        state.pop("_restored_at", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._restored_at = self.iter
 
 
 def _numel(shape: torch.Size | tuple[int, ...]) -> int:
@@ -269,6 +287,16 @@ def _completed(value: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
+def _plain_average(
+    state: PowerSGDState, bucket: dist.GradBucket, comm: Communicator
+) -> torch.futures.Future[torch.Tensor]:
+    work = pycoll.allreduce(bucket.buffer(), "avg", comm=comm, async_op=True)
+    if bucket.is_last():
+        state.iter += 1
+    fut: torch.futures.Future[torch.Tensor] = work.get_future()
+    return fut
+
+
 def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket's gradients over the ranks with PowerSGD (see the module docstring); a plain
     averaged all-reduce before ``state.start_iter``. Writes the result into ``bucket.buffer()`` in
@@ -276,21 +304,12 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     buffer = bucket.buffer()
     comm = state.communicator()
     if state.iter < state.start_iter:
-        work = pycoll.allreduce(buffer, "avg", comm=comm, async_op=True)
-        if bucket.is_last():
-            state.iter += 1
-        fut: torch.futures.Future[torch.Tensor] = work.get_future()
-        return fut
-
+        return _plain_average(state, bucket, comm)
     gradients = bucket.gradients()
     index = bucket.index()
     b = state.bucket_state(index, gradients)
-    if not b.compressed:
-        work = pycoll.allreduce(buffer, "avg", comm=comm, async_op=True)
-        if bucket.is_last():
-            state.iter += 1
-        fut = work.get_future()
-        return fut
+    if b is None or not b.compressed:
+        return _plain_average(state, bucket, comm)
 
     # The uncompressed tensors: one all-reduce of their concatenation, in flight while P is computed.
     plain = [gradients[i] for i in b.uncompressed]

@@ -152,10 +152,12 @@ def _average_grads(model, world, step, dtype):
 
 
 def body_error_feedback(comm, rank, world, tag, steps):
-    """A fixed model (no optimizer step), rank 1, float64: over the steps, applied gradients plus the
-    final residual sum to the true averaged gradients, per rank: sum_t applied + e_rank = sum_t g_rank,
-    so averaged over the ranks, sum_t applied + mean(e) = sum_t mean(g). Returns (applied + residual,
-    sum of averaged gradients, sum of this rank's own gradients) per parameter."""
+    """A fixed model (no optimizer step), rank 1, float64: over the compressed steps (from start_iter),
+    applied gradients plus the final residual sum to this rank's own gradients, sum_t applied + e_rank =
+    sum_t g_rank; so averaged over the ranks, sum_t applied + mean(e) = sum_t mean(g) over all steps.
+    Returns, per parameter: applied + residual, the sum of the averaged gradients, the sum of this
+    rank's own gradients (the averaged ones before start_iter), the applied gradients; and how many
+    residuals were found."""
     pcomm = process_group(rank, world, tag)
     dtype = torch.float64
     state = pt.PowerSGDState(comm=pcomm, rank=1, start_iter=2)
@@ -172,51 +174,80 @@ def body_error_feedback(comm, rank, world, tag, steps):
         loss_of(ddp, rank, step, dtype).backward()
         for a, p in zip(applied, params):
             a += p.grad
-        for t, g in zip(true_avg, _average_grads(ref, world, step, dtype)):
+        average = _average_grads(ref, world, step, dtype)
+        for t, g in zip(true_avg, average):
             t += g
-        for o, g in zip(own, torch.autograd.grad(loss_of(ref, rank, step, dtype), list(ref.parameters()))):
+        # Before start_iter every rank applies the exact average and keeps no residual.
+        mine = torch.autograd.grad(loss_of(ref, rank, step, dtype), list(ref.parameters()))
+        for o, g in zip(own, mine if step >= state.start_iter else average):
             o += g
     position = {id(p): i for i, p in enumerate(params)}
     with_residual = [a.clone() for a in applied]
-    n_residuals = 0
+    compressed = [False] * len(params)
     for index, ids in layout.items():
         for pid, res in zip(ids, state.residuals(index)):
             if res is not None:
                 with_residual[position[pid]] += res.view_as(params[position[pid]])
-                n_residuals += 1
+                compressed[position[pid]] = True
     to_np = lambda ts: [t.numpy() for t in ts]  # noqa: E731
-    return to_np(with_residual), to_np(true_avg), to_np(own), to_np(applied), n_residuals
+    return to_np(with_residual), to_np(true_avg), to_np(own), to_np(applied), compressed
+
+
+def holder_hook(holder, bucket):
+    """powersgd_hook on whichever state ``holder[0]`` is now (a test swaps it to roll back)."""
+    return pt.powersgd_hook(holder[0], bucket)
 
 
 def body_checkpoint(comm, rank, world, tag, before, after):
-    """Pickles the state (with model and optimizer) after ``before`` steps; the run that goes on and a
-    run restored from the pickle must take bitwise the same ``after`` steps."""
+    """Pickles the state (with model and optimizer) after ``before`` steps and goes on ``after`` steps.
+    Rolled back to the pickle on the same DDP, it takes bitwise the same steps again. Restored into a
+    fresh DDP (whose first iteration runs on DDP's initial buckets, before they are rebuilt into the
+    saved layout), the saved residuals and Q come through that first iteration untouched and training
+    goes on identical across ranks. Returns (failures, digests of the fresh-DDP run)."""
     pcomm = process_group(rank, world, tag)
-    state = pt.PowerSGDState(comm=pcomm, rank=2)
-    ddp = ddp_of(make_model(), pcomm, state, pt.powersgd_hook)
+    holder = [pt.PowerSGDState(comm=pcomm, rank=2)]
+    ddp = ddp_of(make_model(), pcomm, holder, holder_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     train(ddp, rank, before, opt=opt)
-    blob = pickle.dumps({"hook": state, "model": ddp.module.state_dict(), "opt": opt.state_dict()})
+    blob = pickle.dumps({"hook": holder[0], "model": ddp.module.state_dict(), "opt": opt.state_dict()})
     straight = train(ddp, rank, after, first_step=before, opt=opt)
+
+    failures = []
+    saved = pickle.loads(blob)
+    restored = saved["hook"]
+    if restored.comm is not None:
+        failures.append("the pickled state kept its communicator")
+    if restored.iter != before or len(restored.buckets) != 1:
+        failures.append(f"restored iter {restored.iter}, {len(restored.buckets)} bucket states")
+    restored.comm = pcomm
+    holder[0] = restored
+    ddp.module.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    again = train(ddp, rank, after, first_step=before, opt=opt)
+    if again != straight:
+        bad = [i for i, (a, b) in enumerate(zip(straight, again)) if a != b]
+        failures.append(f"rolled back: differs from the straight run at steps {bad}")
 
     saved = pickle.loads(blob)
     restored = saved["hook"]
-    failures = []
-    if restored.comm is not None:
-        failures.append("the pickled state kept its communicator")
-    if restored.iter != before or not restored.buckets:
-        failures.append(f"restored iter {restored.iter}, {len(restored.buckets)} bucket states")
+    kept = copy.deepcopy(restored.buckets[0])
     restored.comm = pcomm
     model = make_model()
     model.load_state_dict(saved["model"])
     ddp2 = ddp_of(model, pcomm, restored, pt.powersgd_hook)
     opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.1, momentum=0.9)
     opt2.load_state_dict(saved["opt"])
-    again = train(ddp2, rank, after, first_step=before, opt=opt2)
-    if again != straight:
-        bad = [i for i, (a, b) in enumerate(zip(straight, again)) if a != b]
-        failures.append(f"restored run differs from the straight run at steps {bad}")
-    return failures, straight
+    fresh = train(ddp2, rank, 1, first_step=before, opt=opt2)
+    now = restored.buckets[0]
+    if now.signature != kept.signature or not (torch.equal(now.residual, kept.residual)
+                                               and torch.equal(now.q, kept.q)):
+        failures.append("fresh DDP: the saved bucket state did not survive its first iteration")
+    fresh += train(ddp2, rank, after - 1, first_step=before + 1, opt=opt2)
+    if restored.iter != before + after:
+        failures.append(f"fresh DDP: iter {restored.iter}, expected {before + after}")
+    if torch.equal(restored.buckets[0].residual, kept.residual):
+        failures.append("fresh DDP: the residual never changed after the first iteration")
+    return failures, fresh
 
 
 def body_bucket_view(comm, rank, world, tag, steps):
@@ -267,13 +298,17 @@ def test_error_feedback_identity(rank_pool):
     import numpy as np
 
     n_params = len(results[0][0])
-    assert all(r[4] == 3 for r in results), "expected residuals for the conv, fc1 and fc2 weights (rank 1)"
+    compressed = results[0][4]
+    # rank 1: every weight (conv, fc1, fc2) is compressed, no bias.
+    assert compressed == [True, False, True, False, True, False]
     for i in range(n_params):
-        # Every rank applied the same gradients; its own residual closes the gap to its own gradients.
-        for rank, (with_res, _avg, own, applied, _n) in enumerate(results):
+        for rank, (with_res, avg, own, applied, _c) in enumerate(results):
             assert np.array_equal(applied[i], results[0][3][i]), f"param {i}: applied gradients differ"
-            np.testing.assert_allclose(with_res[i], own[i], rtol=1e-9, atol=1e-12,
-                                       err_msg=f"rank {rank} param {i}: applied + residual != own gradients")
+            # A compressed tensor: this rank's residual closes the gap to its own gradients. An
+            # uncompressed one: the exact average was applied.
+            want = own[i] if compressed[i] else avg[i]
+            np.testing.assert_allclose(with_res[i], want, rtol=1e-9, atol=1e-12,
+                                       err_msg=f"rank {rank} param {i}: applied + residual")
         mean = np.mean([r[0][i] for r in results], axis=0)
         np.testing.assert_allclose(mean, results[0][1][i], rtol=1e-9, atol=1e-12,
                                    err_msg=f"param {i}: applied + mean residual != averaged gradients")
@@ -285,7 +320,7 @@ def test_error_feedback_identity(rank_pool):
 def test_checkpoint_continues_identically(rank_pool):
     results = rank_pool(2).run(body_checkpoint, session_tag(), 3, 3, timeout=TIMEOUT)
     _no_failures([f for f, _ in results])
-    assert results[0][1] == results[1][1]
+    assert results[0][1] == results[1][1], "fresh DDP: ranks differ"
 
 
 def test_gradient_as_bucket_view(rank_pool):
