@@ -43,7 +43,11 @@ def test_block_absmax() -> None:
 
 def test_quantization_bound() -> None:
     x = np.array([1.0, -2.0, 4.0], dtype=np.float32)
-    np.testing.assert_allclose(quantization_bound(FP16(), x), 2.0**-11 * np.abs(x), rtol=1e-12)
+    np.testing.assert_allclose(quantization_bound(FP16(), x), 2.0**-11 * np.abs(x) + 2.0**-25, rtol=1e-12)
+    # below fp16's normal range the absolute floor (half the subnormal spacing) holds the error
+    tiny = np.array([1e-6, -3e-7, 2.9e-8, 7e-5], dtype=np.float32)
+    err = np.abs(tiny.astype(np.float16).astype(np.float64) - tiny)
+    assert np.all(err <= quantization_bound(FP16(), tiny)) and np.any(err > 2.0**-11 * np.abs(tiny))
     codec = Int8(block=8)
     np.testing.assert_allclose(quantization_bound(codec, x), 4.0 / 127 / 2, rtol=1e-4)  # half a step
     stochastic = Int8(block=8, rounding="stochastic")
