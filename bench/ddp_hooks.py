@@ -176,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{min(ratios):.2f}–{max(ratios):.2f} |")
     dist.barrier()
     runs.clear()
-    dist.destroy_process_group()
     pycoll.finalize(comm)
+    # No dist.destroy_process_group(): torch 2.13's destroy_process_group() on a gloo group aborts the
+    # process now and then (std::terminate in its shutdown, about one run in three on the development VM);
+    # exiting without it releases the group just as well.
     return 0
 
 

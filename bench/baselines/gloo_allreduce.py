@@ -48,34 +48,34 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group("gloo", init_method="env://", timeout=timeout)
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        # The sweep hands allreduce the same array for every iteration of a size: wrap it once, so the
-        # timed region holds the collective only, not torch.from_numpy.
-        cached: list[tuple[np.ndarray, torch.Tensor]] = []
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # The sweep hands allreduce the same array for every iteration of a size: wrap it once, so the
+    # timed region holds the collective only, not torch.from_numpy.
+    cached: list[tuple[np.ndarray, torch.Tensor]] = []
 
-        def allreduce(x: np.ndarray) -> None:
-            if not cached or cached[0][0] is not x:
-                cached[:] = [(x, torch.from_numpy(x))]
-            dist.all_reduce(cached[0][1], op=dist.ReduceOp.SUM)
+    def allreduce(x: np.ndarray) -> None:
+        if not cached or cached[0][0] is not x:
+            cached[:] = [(x, torch.from_numpy(x))]
+        dist.all_reduce(cached[0][1], op=dist.ReduceOp.SUM)
 
-        def reduce_max(a: np.ndarray) -> np.ndarray:
-            dist.all_reduce(torch.from_numpy(a), op=dist.ReduceOp.MAX)
-            return a
+    def reduce_max(a: np.ndarray) -> np.ndarray:
+        dist.all_reduce(torch.from_numpy(a), op=dist.ReduceOp.MAX)
+        return a
 
-        def barrier() -> None:
-            dist.barrier()
+    def barrier() -> None:
+        dist.barrier()
 
-        title = f"Gloo (torch {torch.__version__}): torch.distributed.all_reduce, {world} ranks"
-        meta = {
-            "library": "gloo",
-            "library_version": f"torch {torch.__version__}",
-            "algorithm": "default",
-            "host": platform.node(),
-        }
-        bm.run_and_report(allreduce, barrier, reduce_max, rank, world, args, title=title, meta=meta)
-    finally:
-        dist.destroy_process_group()
+    title = f"Gloo (torch {torch.__version__}): torch.distributed.all_reduce, {world} ranks"
+    meta = {
+        "library": "gloo",
+        "library_version": f"torch {torch.__version__}",
+        "algorithm": "default",
+        "host": platform.node(),
+    }
+    bm.run_and_report(allreduce, barrier, reduce_max, rank, world, args, title=title, meta=meta)
+    # No dist.destroy_process_group(): torch 2.13's destroy_process_group() on a gloo group aborts the
+    # process now and then (std::terminate in its shutdown, about one run in three on the development VM);
+    # exiting without it releases the group just as well.
     return 0
 
 

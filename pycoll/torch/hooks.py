@@ -136,7 +136,10 @@ class HookState:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        comm = self.__dict__.get("comm")  # a roll-back into a live state keeps its communicator
         self.__dict__.update(state)
+        if state.get("comm") is None:
+            self.comm = comm
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

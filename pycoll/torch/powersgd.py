@@ -97,9 +97,10 @@ class PowerSGDState:
     bucket, ``bucket.index()``, re-created when the bucket changes). ``warm_start``: start each step's
     power iteration from the previous step's Q (else from a fresh random one).
     ``orthogonalization_epsilon``: with epsilon > 0 (or r <= 2) P is orthogonalized by Gram-Schmidt
-    dividing each column by its norm + epsilon; with 0 and r > 2 by Householder QR. A column of P that
-    is zero, or depends on the earlier ones, becomes zero (no NaN); a Q column that is zero or not
-    finite is drawn again. ``random_seed``: seeds the random Q, identically on every rank.
+    dividing each column by its norm + epsilon (a column of P that is zero, or depends on the earlier
+    ones, becomes zero: no NaN); with 0 and r > 2 by Householder QR (such a column becomes some unit
+    vector orthogonal to the others: P stays orthonormal). A Q column that is zero or not finite is
+    drawn again. ``random_seed``: seeds the random Q, identically on every rank.
 
     The hook is synchronous: it returns a completed future. Its three all-reduces depend on each other
     and must be issued in the same order on every rank, so they run on the thread DDP calls the hook
@@ -239,7 +240,10 @@ class PowerSGDState:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        comm = self.__dict__.get("comm")  # a roll-back into a live state keeps its communicator
         self.__dict__.update(state)
+        if state.get("comm") is None:
+            self.comm = comm
         self._restored_at = self.iter
 
 

@@ -186,7 +186,10 @@ def body_checkpoint(comm, rank, world, tag):
         failures.append(f"restored state: iter {restored.iter}, buckets {sorted(restored.residuals)}")
     ddp.module.load_state_dict(weights)
     opt.load_state_dict(opt_state)
+    live = state.communicator()
     state.__setstate__(restored.__getstate__())
+    if state.comm is not live:
+        failures.append("rolling back replaced the state's communicator")
     second = _train(ddp, opt, rank, range(5, 10))
     if first != second:
         at = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
