@@ -3,7 +3,6 @@ compiled. ``pycoll.init()`` makes one; the collectives in ``pycoll.api`` run on 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
@@ -26,7 +25,6 @@ log = logging.getLogger("pycoll")
 COLLECTIVE_CODES = {name: i for i, name in enumerate(_C.COLLECTIVES)}
 ALGORITHM_CODES = {name: i for i, name in enumerate(_C.ALGORITHMS)}
 _PLAN_CACHE_SIZE = 512
-_comm_counter = itertools.count()
 
 
 def host_id() -> str:
@@ -71,11 +69,16 @@ class Communicator:
         self.timeout = timeout
         self.settings = settings
         self._owned = owned  # store client / server this communicator closes at finalize
-        self._store: Store = PrefixStore(store, f"pycoll/comm{next(_comm_counter)}")
+        # Keys of the n-th communicator formed on this store. n is counted per rank in the store itself,
+        # not per process: ranks that made different numbers of communicators elsewhere (on other
+        # groups' stores) still agree on it.
+        n = store.add(f"pycoll/communicators/{rank}", 1)
+        self._store: Store = PrefixStore(store, f"pycoll/comm{n}")
         self._plans: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._async: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        self._worker_ident: int | None = None  # the thread that runs asynchronous collectives
         self._broken: BaseException | None = None
         self._logged: set[tuple] = set()
         self._closed = False
@@ -248,6 +251,12 @@ class Communicator:
             self.check_usable()
         if not async_op and self._async is None:
             return fn()  # the common case: nothing asynchronous was ever started
+        if not async_op and threading.get_ident() == self._worker_ident:
+            # A synchronous call from the worker thread itself: a future's callback (e.g. a DDP hook's
+            # fut.then(...)) runs there when its collective finishes. Queuing it behind the next
+            # asynchronous collective and waiting would wait for this very thread; run it now, between
+            # the finished collective and the next one, which is the same point on every rank.
+            return fn()
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()]
             if not async_op and not self._pending:
@@ -255,13 +264,17 @@ class Communicator:
             else:
                 if self._async is None:
                     self._async = ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix=f"pycoll-rank{self.rank}"
+                        max_workers=1, thread_name_prefix=f"pycoll-rank{self.rank}",
+                        initializer=self._note_worker,
                     )
                 fut = self._async.submit(fn)
                 self._pending.append(fut)
         if fut is None:
             return fn()
         return fut if async_op else fut.result()
+
+    def _note_worker(self) -> None:
+        self._worker_ident = threading.get_ident()
 
     # ---- teardown ----------------------------------------------------------------------------------
     def finalize(self) -> None:

@@ -61,19 +61,22 @@ class HookState:
     ``comm``: the pycoll communicator (None: pycoll's default one if ``pycoll.init()`` was called, else
     one formed from DDP's default process group on first use). ``compression``: None / "none" for a plain
     all-reduce, or a codec name or object (``pycoll.compression``). ``error_feedback``: keep a float32
-    residual per bucket (``bucket.index()``), re-created when the bucket changes (its size, or the
-    shapes and order of its parameters).
+    residual per bucket, keyed by ``bucket.index()`` and the bucket's layout (the shapes of its
+    parameters in order): a bucket that changes gets a new residual of zeros, and the old one is kept
+    one more iteration (DDP's buckets can change back, as after a restart) before it is dropped.
     ``start_iter``: iterations before compression starts (DDP rebuilds its buckets after the first
     one, so the default 2 keeps residuals from being made for buckets about to change). ``min_numel``:
-    buckets smaller than this (biases, norms) go uncompressed.
+    gradients with fewer elements (biases, norms) go uncompressed, in one plain all-reduce per bucket;
+    each run of adjacent larger ones is compressed on its own, so no codec block mixes a bias with a
+    weight.
 
     Pickles without the communicator (``__getstate__``): save it with a checkpoint and restore it on
     the same ranks to continue with the same residuals and iteration count: rolled back into the same
     DDP, training continues bit for bit as it did. A restarted job's new DDP runs its first iteration on
     its initial bucket layout and only then rebuilds it in the order gradients became ready, so in that
-    one iteration the buckets differ from the saved run's (their residuals are re-created as zeros)
-    and the result differs slightly from an uninterrupted run; from the next iteration on the layouts
-    agree again.
+    one iteration the buckets differ from the saved run's (they start from zero residuals) and the
+    result differs slightly from an uninterrupted run; from the next iteration on the layouts agree
+    again and the saved residuals are used.
     """
 
     def __init__(
@@ -94,8 +97,9 @@ class HookState:
         self.start_iter = start_iter
         self.min_numel = min_numel
         self.iter = 0
-        self.residuals: dict[int, torch.Tensor] = {}
-        self.layouts: dict[int, tuple[tuple[int, ...], ...]] = {}  # bucket -> its parameters' shapes
+        # (bucket index, layout) -> residual, and the iteration that last used it
+        self.residuals: dict[tuple[int, tuple[tuple[int, ...], ...]], torch.Tensor] = {}
+        self.last_used: dict[tuple[int, tuple[tuple[int, ...], ...]], int] = {}
         self._warned_dtype = False
 
     def communicator(self) -> Communicator:
@@ -121,14 +125,21 @@ class HookState:
     def residual_for(
         self, index: int, buffer: torch.Tensor, layout: tuple[tuple[int, ...], ...] = ()
     ) -> torch.Tensor:
-        """The residual of bucket ``index``; zeros when new or when the bucket changed (``layout``: the
-        shapes of its parameters in order; DDP rebuilds its buckets after the first iteration)."""
-        r = self.residuals.get(index)
-        if r is None or r.numel() != buffer.numel() or self.layouts.get(index, layout) != layout:
+        """The residual of bucket ``index`` with this ``layout`` (the shapes of its parameters in order);
+        zeros when new."""
+        key = (index, layout or ((buffer.numel(),),))
+        r = self.residuals.get(key)
+        if r is None or r.numel() != buffer.numel():
             r = torch.zeros(buffer.numel(), dtype=torch.float32)
-            self.residuals[index] = r
-        self.layouts[index] = layout
+            self.residuals[key] = r
+        self.last_used[key] = self.iter
         return r
+
+    def end_iteration(self) -> None:
+        """Counts an iteration; drops residuals no bucket used in this one or the one before."""
+        for key in [k for k, it in self.last_used.items() if it < self.iter - 1]:
+            del self.residuals[key], self.last_used[key]
+        self.iter += 1
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -142,21 +153,64 @@ class HookState:
             self.comm = comm
 
 
+def _runs(sizes: list[int], min_numel: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(offset, length) of the runs of adjacent gradients with >= min_numel elements, and of the others."""
+    large: list[tuple[int, int]] = []
+    small: list[tuple[int, int]] = []
+    offset = 0
+    for n in sizes:
+        runs = large if n >= min_numel else small
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + n)
+        else:
+            runs.append((offset, n))
+        offset += n
+    return large, small
+
+
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket's gradients over the ranks through pycoll, compressed as ``state`` says."""
-    buffer = bucket.buffer()
-    codec = state.codec_for(buffer)
-    residual = None
-    if codec is not None and state.error_feedback:
-        layout = tuple(tuple(p.shape) for p in bucket.parameters())
-        residual = state.residual_for(bucket.index(), buffer, layout)
-    work = pycoll.allreduce(
-        buffer, "avg", compression=codec, residual=residual, comm=state.communicator(), async_op=True
-    )
+    fut = _average(state, bucket)
     if bucket.is_last():
-        state.iter += 1
-    fut: torch.futures.Future[torch.Tensor] = work.get_future()
+        state.end_iteration()
     return fut
+
+
+def _average(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    comm = state.communicator()
+    codec = state.codec_for(buffer)
+    params = bucket.parameters()
+    large, small = _runs([p.numel() for p in params], state.min_numel)
+    if codec is None or not large:
+        plain: torch.futures.Future[torch.Tensor] = pycoll.allreduce(
+            buffer, "avg", comm=comm, async_op=True
+        ).get_future()
+        return plain
+    residual = None
+    if state.error_feedback:
+        residual = state.residual_for(bucket.index(), buffer, tuple(tuple(p.shape) for p in params))
+    futures = []
+    for offset, n in large:  # each run compressed on its own, in place
+        part = buffer[offset : offset + n]
+        res = None if residual is None else residual[offset : offset + n]
+        work = pycoll.allreduce(part, "avg", compression=codec, residual=res, comm=comm, async_op=True)
+        futures.append(work.get_future())
+    if small:  # the small gradients together, uncompressed, then back in place
+        packed = torch.cat([buffer[offset : offset + n] for offset, n in small])
+
+        def unpack(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            at = 0
+            for offset, n in small:
+                buffer[offset : offset + n].copy_(packed[at : at + n])
+                at += n
+            return buffer
+
+        futures.append(pycoll.allreduce(packed, "avg", comm=comm, async_op=True).get_future().then(unpack))
+    if len(futures) == 1 and not small:
+        return futures[0]
+    done: torch.futures.Future[torch.Tensor] = torch.futures.collect_all(futures).then(lambda _: buffer)
+    return done
 
 
 # DDP's register_comm_hook compares the annotations of `bucket` and the return value with the real

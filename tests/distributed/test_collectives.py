@@ -443,3 +443,33 @@ def test_values_helper_roundtrip():
     manual = sum(input_values("uint8", "sum", r, 8, 100).astype(np.uint8).astype(np.int64)
                  for r in range(8)) % 256
     assert np.array_equal(w.astype(np.int64), manual)
+
+
+def body_collective_in_callback(comm, rank, world):
+    """A synchronous collective inside a future callback (the comm-hook pattern ``fut.then(...)``) while
+    another asynchronous one is queued: it runs between the two, on every rank, instead of waiting for
+    the very thread it runs on."""
+    gate = threading.Event()
+    comm.submit(lambda: gate.wait(10), True)  # hold the worker until every callback is in place
+    a, b, c = np.ones(1000), np.ones(1000), np.ones(10)
+    w1 = pycoll.allreduce(a, async_op=True, timeout=20)
+    w2 = pycoll.allreduce(b, async_op=True, timeout=20)
+    seen: dict = {}
+
+    def callback(fut: concurrent.futures.Future) -> None:
+        seen["thread"] = threading.current_thread().name
+        pycoll.allreduce(c, timeout=20)
+        seen["c"] = c.copy()
+
+    w1.get_future().add_done_callback(callback)
+    gate.set()
+    w2.wait(timeout=25)
+    return {"ok": bool(np.all(a == world) and np.all(b == world) and np.all(seen.get("c") == world)),
+            "thread": seen.get("thread", "")}
+
+
+def test_sync_collective_inside_a_future_callback(rank_pool):
+    results = rank_pool(2).run(body_collective_in_callback, timeout=60)
+    for r, out in enumerate(results):
+        assert out["ok"], (r, out)
+        assert out["thread"].startswith("pycoll-rank"), (r, out)

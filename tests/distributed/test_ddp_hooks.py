@@ -203,9 +203,17 @@ def body_checkpoint(comm, rank, world, tag):
     fresh.register_comm_hook(restored, pt.allreduce_hook)
     opt2 = torch.optim.SGD(fresh.parameters(), lr=0.05, momentum=0.9)
     opt2.load_state_dict(opt_state)
-    third = _train(fresh, opt2, rank, range(5, 10))
+    saved_residuals = {k: v.clone() for k, v in restored.residuals.items()}
+    _train(fresh, opt2, rank, range(5, 6))  # on DDP's initial buckets: the saved residuals wait
+    kept = [k for k, v in saved_residuals.items()
+            if k in restored.residuals and torch.equal(restored.residuals[k], v)]
+    if len(kept) != len(saved_residuals):
+        failures.append("a fresh DDP's first iteration lost or changed the saved residuals")
+    third = _train(fresh, opt2, rank, range(6, 10))
     if restored.iter != 10:
         failures.append(f"the restored state counted to {restored.iter}, expected 10")
+    if any(k not in restored.residuals for k in saved_residuals):
+        failures.append("the saved residuals were not used once DDP rebuilt its buckets")
     return failures, first + third
 
 
@@ -233,13 +241,48 @@ def body_state_rules(comm, rank, world, tag):
     r += 1
     if state.residual_for(3, big) is not r:
         failures.append("the residual of an unchanged bucket was re-created")
-    if state.residual_for(3, torch.zeros(500)).numel() != 500 or torch.any(state.residuals[3] != 0):
+    small_r = state.residual_for(3, torch.zeros(500))
+    if small_r.numel() != 500 or torch.any(small_r != 0):
         failures.append("the residual of a resized bucket was not re-created as zeros")
     state.residual_for(4, big, ((10, 50), (500,)))[:] = 1
     if torch.any(state.residual_for(4, big, ((500,), (10, 50))) != 0):
         failures.append("the residual of a re-ordered bucket was not re-created as zeros")
+    # a layout that comes back within an iteration finds its residual; unused ones are dropped after two
+    state.end_iteration()
+    if torch.any(state.residual_for(3, big) != 1):
+        failures.append("a residual was lost when its bucket came back the next iteration")
+    state.end_iteration()
+    state.residual_for(3, big)
+    state.end_iteration()
+    if len(state.residuals) != 1:
+        failures.append(f"unused residuals were not dropped: {len(state.residuals)} kept")
     return failures, []
 
 
 def test_state_rules(rank_pool):
     _check(rank_pool(2).run(body_state_rules, session_tag(), timeout=60))
+
+
+def body_communicators_per_group(comm, rank, world, tag):
+    """Communicators from several process groups, made by some ranks only, do not confuse each other."""
+    import torch.distributed as dist
+
+    import pycoll
+    import pycoll.torch as pt
+
+    process_group(rank, world, tag)
+    solo = dist.new_group([0])  # every rank must create the group; only rank 0 is in it
+    if rank == 0:
+        alone = pt.init_from_process_group(solo, timeout=20)
+        x = np.ones(5)
+        pycoll.allreduce(x, comm=alone)
+        pycoll.finalize(alone)
+    both = pt.init_from_process_group(timeout=20)
+    y = np.full(7, rank + 1.0)
+    pycoll.allreduce(y, comm=both)
+    pycoll.finalize(both)
+    return ([] if np.all(y == world * (world + 1) / 2) else [f"wrong sum {y}"]), []
+
+
+def test_communicators_of_several_groups(rank_pool):
+    _check(rank_pool(2).run(body_communicators_per_group, session_tag(), timeout=60))
