@@ -286,3 +286,30 @@ def body_communicators_per_group(comm, rank, world, tag):
 
 def test_communicators_of_several_groups(rank_pool):
     _check(rank_pool(2).run(body_communicators_per_group, session_tag(), timeout=60))
+
+
+def body_small_gradients_exact(comm, rank, world, tag):
+    """With min_numel above the biases' sizes, biases are averaged uncompressed (as DDP does) while the
+    weights go through int4."""
+    import pycoll.torch as pt
+
+    process_group(rank, world, tag)
+    hooked, default = _ddp(_model()), _ddp(_model())
+    state = pt.HookState(compression="int4", error_feedback=False, start_iter=0, min_numel=1024)
+    hooked.register_comm_hook(state, pt.allreduce_hook)
+    failures, digests = [], []
+    for step in range(3):
+        _backward(hooked, rank, step)
+        _backward(default, rank, step)
+        for (name, p), q in zip(hooked.module.named_parameters(), default.module.parameters()):
+            exact = torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-8)
+            if p.numel() < 1024 and not exact:
+                failures.append(f"step {step}: {name} ({p.numel()} elements) was not averaged exactly")
+            if p.numel() >= 1024 and exact:
+                failures.append(f"step {step}: {name} ({p.numel()} elements) shows no int4 rounding")
+        digests.append(digest(_grads(hooked).numpy()))
+    return failures, digests
+
+
+def test_small_gradients_go_uncompressed(rank_pool):
+    _check(rank_pool(2).run(body_small_gradients_exact, session_tag(), timeout=60))
