@@ -72,7 +72,9 @@ class HookState:
 
     Pickles without the communicator (``__getstate__``): save it with a checkpoint and restore it on
     the same ranks to continue with the same residuals and iteration count: rolled back into the same
-    DDP, training continues bit for bit as it did. A restarted job's new DDP runs its first iteration on
+    DDP, training continues bit for bit as it did (with nearest rounding: stochastic rounding draws from
+    the communicator's collective count, which a checkpoint does not hold). A state with a numba user
+    codec does not pickle (its compiled kernels cannot). A restarted job's new DDP runs its first iteration on
     its initial bucket layout and only then rebuilds it in the order gradients became ready, so in that
     one iteration the buckets differ from the saved run's (they start from zero residuals) and the
     result differs slightly from an uninterrupted run; from the next iteration on the layouts agree
