@@ -202,6 +202,7 @@ def _average(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[
         packed = torch.cat([buffer[offset : offset + n] for offset, n in small])
 
         def unpack(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            fut.wait()  # raises the all-reduce's error, if any, into the future DDP waits on
             at = 0
             for offset, n in small:
                 buffer[offset : offset + n].copy_(packed[at : at + n])
@@ -211,7 +212,12 @@ def _average(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[
         futures.append(pycoll.allreduce(packed, "avg", comm=comm, async_op=True).get_future().then(unpack))
     if len(futures) == 1 and not small:
         return futures[0]
-    done: torch.futures.Future[torch.Tensor] = torch.futures.collect_all(futures).then(lambda _: buffer)
+    def all_done(fut: torch.futures.Future[list[torch.futures.Future[torch.Tensor]]]) -> torch.Tensor:
+        for f in fut.wait():
+            f.wait()  # raises the first failed all-reduce's error into the future DDP waits on
+        return buffer
+
+    done: torch.futures.Future[torch.Tensor] = torch.futures.collect_all(futures).then(all_done)
     return done
 
 
