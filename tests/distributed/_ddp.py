@@ -21,7 +21,16 @@ def process_group(rank: int, world: int, tag: str) -> Any:
 
     if "comm" in _STATE:
         return _STATE["comm"]
-    path = os.path.join(tempfile.gettempdir(), f"pycoll-ddp-{tag}-{world}")
+    # A pool replaced by a fresh one (the pool cache keeps two alive) must not meet in the file of the
+    # pool before it, whose ranks are gone: rank 0 draws a name and the pool's own communicator (the
+    # default one in a worker) hands it to the others.
+    import numpy as np
+
+    import pycoll
+
+    token = np.frombuffer(os.urandom(8), dtype=np.uint8).copy() if rank == 0 else np.zeros(8, np.uint8)
+    pycoll.broadcast(token, 0, timeout=30)
+    path = os.path.join(tempfile.gettempdir(), f"pycoll-ddp-{tag}-{world}-{token.tobytes().hex()}")
     dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
     _STATE["comm"] = pt.init_from_process_group(timeout=60)
     return _STATE["comm"]

@@ -22,3 +22,21 @@ def rank_pool():
     cache = PoolCache(max_alive=2)
     yield cache.get
     cache.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_ddp_rendezvous_files():
+    """The DDP tests' gloo groups meet through FileStore files (_ddp.py); a worker killed at the end of
+    the session cannot remove its own, so the session does."""
+    yield
+    import glob
+    import os
+    import tempfile
+
+    from _ddp import session_tag
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"pycoll-ddp-{session_tag()}-*")):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
