@@ -142,13 +142,21 @@ def test_example_runs_under(launcher: str) -> None:
     root = EXAMPLE.parents[1]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    proc = subprocess.run([*cmd, str(EXAMPLE), "--compression", "int8", "--steps", "30", "--log-every", "10"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=root)
-    out = proc.stdout + proc.stderr
+    final = r"^final loss \d+\.\d+ .*parameters bitwise identical on all ranks"
+    args = [*cmd, str(EXAMPLE), "--compression", "int8", "--steps", "30", "--log-every", "10"]
+    for _attempt in range(2):
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=root)
+        out = proc.stdout + proc.stderr
+        # torch 2.13's gloo process group now and then aborts a process in its exit-time teardown, after
+        # the script has finished ("terminate called without an active exception"; plain DDP scripts
+        # without pycoll show it too). Only that, once, is retried.
+        torch_exit_abort = (proc.returncode != 0 and re.search(final, proc.stdout, re.M)
+                            and "terminate called without an active exception" in out)
+        if not torch_exit_abort:
+            break
     assert proc.returncode == 0, f"{launcher}: exit {proc.returncode}\n{out}"
     assert "ddp_train: 2 rank(s), compression int8 with error feedback, 30 steps" in proc.stdout, out
     assert len(re.findall(r"^step +\d+ +loss \d", proc.stdout, re.M)) == 2, out
-    final = r"^final loss \d+\.\d+ .*parameters bitwise identical on all ranks"
     assert re.search(final, proc.stdout, re.M), out
 
 
