@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/codec.h"
+#include "cpu/isa.h"
 #include "pycoll/errors.h"
 
 namespace pycoll::cpu {
@@ -13,15 +14,6 @@ std::shared_ptr<Codec> make_builtin(codec::Kind kind, uint32_t block, codec::Rou
 }
 namespace avx2 {
 std::shared_ptr<Codec> make_builtin(codec::Kind kind, uint32_t block, codec::Rounding rounding);
-}
-
-static bool have_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-#else
-  return false;
-#endif
 }
 
 const char* codec_isa() {

@@ -1,3 +1,4 @@
+#include "cpu/isa.h"
 #include "cpu/reduce.h"
 #include "pycoll/errors.h"
 
@@ -7,15 +8,6 @@ ReduceFn lookup(DType dtype, RedOp op);
 }
 namespace avx2 {
 ReduceFn lookup(DType dtype, RedOp op);
-}
-
-static bool have_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-#else
-  return false;
-#endif
 }
 
 ReduceFn reduce_fn(DType dtype, RedOp op) {

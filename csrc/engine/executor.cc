@@ -52,19 +52,14 @@ void Executor::run(const NativePlan& plan, const RunArgs& args) {
 }
 
 void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
-  bool uses_encoded = false;
-  for (const PlanOp& op : plan.ops) uses_encoded |= op.src_buf == kEncoded || op.dst_buf == kEncoded;
   if (!a.codec) {
-    if (uses_encoded) throw Error(ErrorKind::kInternal, "a compressed plan was run without a codec");
+    if (plan.uses_encoded) throw Error(ErrorKind::kInternal, "a compressed plan was run without a codec");
     return;
   }
   if (a.dtype != DType::kFloat32 || a.op == RedOp::kMin || a.op == RedOp::kMax || a.op == RedOp::kProd)
     throw Error(ErrorKind::kInternal, "compressed plans run on float32 sums and averages only");
-  for (const PlanOp& op : plan.ops) {
-    if (op.kind == OpKind::kCopy) throw Error(ErrorKind::kInternal, "a compressed plan cannot COPY");
-    if (op.kind == OpKind::kSend && op.src_buf == kOutput)
-      throw Error(ErrorKind::kInternal, "a compressed plan sends final values from kEncoded, not OUTPUT");
-  }
+  if (!plan.codec_compatible)
+    throw Error(ErrorKind::kInternal, "a compressed plan cannot COPY and sends final values from kEncoded, not OUTPUT");
   if (t_.fragment_bytes() < a.codec->block_bytes())
     throw Error(ErrorKind::kInvalidUsage, "codec " + a.codec->name() + " encodes a block into " +
                                               std::to_string(a.codec->block_bytes()) +

@@ -51,6 +51,10 @@ struct NativePlan {
   std::vector<uint32_t> step_begin;  // ops of step s are [step_begin[s], step_begin[s+1])
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
+  // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), and whether the
+  // plan can run with a codec at all (no COPY, no SEND of OUTPUT).
+  bool uses_encoded = false;
+  bool codec_compatible = true;
   int world = 0;
   int rank = 0;
 };

@@ -74,6 +74,8 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
     bool writes_dst = op.kind != OpKind::kSend && op.kind != OpKind::kRecvReduceSend;
     if (reads_src && op.src_off + op.bytes > limit(op.src_buf)) bad("reads past the end of its buffer");
     if (writes_dst && op.dst_off + op.bytes > limit(op.dst_buf)) bad("writes past the end of its buffer");
+    plan->uses_encoded |= op.src_buf == kEncoded;
+    plan->codec_compatible &= op.kind != OpKind::kCopy && !(op.kind == OpKind::kSend && op.src_buf == kOutput);
     plan->ops.push_back(op);
   }
   for (py::ssize_t s = 0; s < starts.size(); ++s) {

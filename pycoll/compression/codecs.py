@@ -247,6 +247,7 @@ class Int4(_Blockwise):
 _BY_NAME = {"fp16": FP16, "bf16": BF16, "int8": Int8, "int4": Int4}
 #: Names ``compression=`` accepts.
 CODEC_NAMES = tuple(_BY_NAME)
+_DEFAULTS: dict[str, Codec] = {}
 
 
 def get_codec(spec: Any) -> Codec | None:
@@ -259,9 +260,12 @@ def get_codec(spec: Any) -> Codec | None:
         name = spec.lower()
         if name == "none":
             return None
-        cls = _BY_NAME.get(name)
-        if cls is not None:
-            return cls()
+        codec = _DEFAULTS.get(name)
+        if codec is None and name in _BY_NAME:
+            # One object per name, so compression="int8" on every call reuses its native codec.
+            codec = _DEFAULTS[name] = _BY_NAME[name]()
+        if codec is not None:
+            return codec
     raise InvalidUsageError(
         f"compression must be None, one of {', '.join(CODEC_NAMES)} or a pycoll.compression.Codec, "
         f"got {spec!r}"

@@ -55,7 +55,34 @@ def init_from_process_group(
     )
 
 
-class HookState:
+class CommState:
+    """What every hook state shares: the communicator, found on first use, and pickling without it.
+
+    ``comm`` None: pycoll's default communicator if ``pycoll.init()`` was called, else one formed from
+    DDP's default process group. A pickled state carries no communicator; unpickled into a live state
+    (a roll-back), it keeps that state's communicator.
+    """
+
+    comm: Communicator | None = None
+
+    def communicator(self) -> Communicator:
+        if self.comm is None:
+            self.comm = pycoll.get_comm() if pycoll.is_initialized() else init_from_process_group()
+        return self.comm
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["comm"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        comm = self.__dict__.get("comm")
+        self.__dict__.update(state)
+        if state.get("comm") is None:
+            self.comm = comm
+
+
+class HookState(CommState):
     """What ``allreduce_hook`` keeps between calls.
 
     ``comm``: the pycoll communicator (None: pycoll's default one if ``pycoll.init()`` was called, else
@@ -104,11 +131,6 @@ class HookState:
         self.last_used: dict[tuple[int, tuple[tuple[int, ...], ...]], int] = {}
         self._warned_dtype = False
 
-    def communicator(self) -> Communicator:
-        if self.comm is None:
-            self.comm = pycoll.get_comm() if pycoll.is_initialized() else init_from_process_group()
-        return self.comm
-
     def codec_for(self, buffer: torch.Tensor) -> Codec | None:
         """The codec this bucket goes through now, or None (too early, too small, or not a float type)."""
         if self.codec is None or self.iter < self.start_iter or buffer.numel() < self.min_numel:
@@ -142,17 +164,6 @@ class HookState:
         for key in [k for k, it in self.last_used.items() if it < self.iter - 1]:
             del self.residuals[key], self.last_used[key]
         self.iter += 1
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["comm"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        comm = self.__dict__.get("comm")  # a roll-back into a live state keeps its communicator
-        self.__dict__.update(state)
-        if state.get("comm") is None:
-            self.comm = comm
 
 
 def _runs(sizes: list[int], min_numel: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import pycoll
 from pycoll.comm import Communicator
 from pycoll.errors import InvalidUsageError
-from pycoll.torch.hooks import init_from_process_group
+from pycoll.torch.hooks import CommState
 
 
 @dataclass
@@ -84,7 +84,7 @@ def _seed(random_seed: int, index: int, iteration: int) -> int:
     return h & ((1 << 63) - 1)
 
 
-class PowerSGDState:
+class PowerSGDState(CommState):
     """What ``powersgd_hook`` keeps between calls.
 
     ``comm``: the pycoll communicator (None: pycoll's default one if ``pycoll.init()`` was called, else
@@ -150,11 +150,6 @@ class PowerSGDState:
         self.iter = 0
         self.buckets: dict[int, BucketState] = {}
         self._restored_at: int | None = None  # the iteration this state was unpickled at
-
-    def communicator(self) -> Communicator:
-        if self.comm is None:
-            self.comm = pycoll.get_comm() if pycoll.is_initialized() else init_from_process_group()
-        return self.comm
 
     def should_compress(self, shape: torch.Size | tuple[int, ...]) -> bool:
         """Whether a gradient of this shape goes through the low-rank path."""
@@ -234,16 +229,12 @@ class PowerSGDState:
                 q[:, cols] = values[:, cols]
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["comm"] = None
+        state = super().__getstate__()
         state.pop("_restored_at", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        comm = self.__dict__.get("comm")  # a roll-back into a live state keeps its communicator
-        self.__dict__.update(state)
-        if state.get("comm") is None:
-            self.comm = comm
+        super().__setstate__(state)
         self._restored_at = self.iter
 
 
