@@ -16,7 +16,6 @@ import numpy as np
 
 from pycoll.algorithms import ALGORITHMS
 from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
-from pycoll.algorithms.select import select_algorithm
 from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
 from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
 from pycoll.comm import Communicator
@@ -159,10 +158,11 @@ def get_world_size(comm: Communicator | None = None) -> int:
     return get_comm(comm).world_size
 
 
-def _algorithm(comm: Communicator, collective: str, algorithm: str, nbytes: int) -> str:
+def _algorithm(comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int) -> str:
+    """``algorithm``, validated; ``auto``: the one the communicator's cost model predicts fastest."""
     valid = ALGORITHMS[collective]
     if algorithm == "auto":
-        return select_algorithm(collective, comm.world_size, nbytes)
+        return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
     if algorithm not in valid:
         raise InvalidUsageError(
             f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"
@@ -189,6 +189,32 @@ def _launch(
         return result
 
     return Work(comm.submit(body, True), describe())
+
+
+#: ``compression="auto"``'s error budget when the caller gives none: the relative L2 error the codec may
+#: add (pycoll.tuning.model.expected_error). 1e-3 admits fp16 only; int8 needs error_budget=1e-2.
+DEFAULT_ERROR_BUDGET = 1e-3
+
+
+def _auto_compression(
+    comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None
+) -> tuple[Codec | None, str | None]:
+    """``compression="auto"``: the codec (or None) and algorithm the cost model predicts fastest within
+    the error budget; no codec for data or operators compression does not support."""
+    budget = DEFAULT_ERROR_BUDGET if error_budget is None else error_budget
+    if not budget >= 0:
+        raise InvalidUsageError(f"error_budget must be a relative error >= 0, got {error_budget}")
+    if residual is not None:
+        raise InvalidUsageError(
+            'residual= (error feedback) needs a fixed codec; compression="auto" may pick none for some sizes'
+        )
+    if buf.dtype not in CODEC_DTYPES or op.lower() not in ("sum", "avg"):
+        return None, None
+    f32_bytes = buf.count * 4  # compressed all-reduces run on float32
+    name, algorithm = comm.model.choose_compression(comm.world_size, f32_bytes, error_budget=budget)
+    if name == "none":
+        return None, None
+    return get_codec(name), algorithm
 
 
 def _compression(
@@ -235,6 +261,7 @@ def allreduce(
     algorithm: str = ...,
     compression: Union[str, Codec, None] = ...,
     residual: Any = ...,
+    error_budget: float | None = ...,
     comm: Communicator | None = ...,
     timeout: float | None = ...,
     async_op: Literal[False] = ...,
@@ -249,6 +276,7 @@ def allreduce(
     algorithm: str = ...,
     compression: Union[str, Codec, None] = ...,
     residual: Any = ...,
+    error_budget: float | None = ...,
     comm: Communicator | None = ...,
     timeout: float | None = ...,
     async_op: Literal[True],
@@ -262,6 +290,7 @@ def allreduce(
     algorithm: str = "auto",
     compression: Union[str, Codec, None] = None,
     residual: Any = None,
+    error_budget: float | None = None,
     comm: Communicator | None = None,
     timeout: float | None = None,
     async_op: bool = False,
@@ -269,22 +298,33 @@ def allreduce(
     """Reduces ``x`` in place across all ranks and returns it (a Work when ``async_op``).
 
     ``x``: a contiguous numpy array or torch CPU tensor of float32, float64, float16, bfloat16, int32,
-    int64, uint8 or int8. ``op``: sum, avg (floating types), min, max, prod. ``algorithm``: auto, ring,
-    tree or direct. Every rank ends with bitwise-identical results.
+    int64, uint8 or int8. ``op``: sum, avg (floating types), min, max, prod. ``algorithm``: ring, tree,
+    direct, or auto: the one the cost model (pycoll.tuning) predicts fastest for this size and world.
+    Every rank ends with bitwise-identical results.
 
     ``compression``: None, "fp16", "bf16", "int8", "int4" or a ``pycoll.compression`` codec; needs float32,
-    float16 or bfloat16 data and op sum or avg, and sums in float32. ``auto`` then means direct (two-shot:
-    each element quantized at most twice). ``residual``: error feedback, a float32 array like ``x`` or a
+    float16 or bfloat16 data and op sum or avg, and sums in float32. ``algorithm="auto"`` then means direct
+    (two-shot: each element quantized at most twice). ``compression="auto"``: the codec and algorithm the
+    cost model predicts fastest among no compression and the codecs whose expected relative error is
+    within ``error_budget`` (default ``DEFAULT_ERROR_BUDGET``, 1e-3; integers, float64 and other
+    operators are never compressed). ``residual``: error feedback, a float32 array like ``x`` or a
     ``pycoll.compression.ErrorFeedback``; what compression lost is stored there and added next time.
     """
     c = get_comm(comm)
     buf = as_buffer(x, "x", writable=True)
     code = op_code(op, buf)
-    codec, res = _compression(c, compression, residual, buf, op)
-    if codec is not None and algorithm == "auto":
-        algo = DEFAULT_COMPRESSED_ALGORITHM
+    auto_algorithm: str | None = None
+    if isinstance(compression, str) and compression.lower() == "auto":
+        codec, auto_algorithm = _auto_compression(c, residual, buf, op, error_budget)
+        res = None
     else:
-        algo = _algorithm(c, "allreduce", algorithm, buf.nbytes)
+        if error_budget is not None:
+            raise InvalidUsageError('error_budget= applies to compression="auto" only')
+        codec, res = _compression(c, compression, residual, buf, op)
+    if codec is not None and algorithm == "auto":
+        algo = auto_algorithm or DEFAULT_COMPRESSED_ALGORITHM
+    else:
+        algo = _algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize)
     _timeout(timeout)
     how = "" if codec is None else f", {codec!r}"
     return _launch(
@@ -310,7 +350,7 @@ def broadcast(
     buf = as_buffer(x, "x", writable=True)
     if not isinstance(root, (int, np.integer)) or not 0 <= root < c.world_size:
         raise InvalidUsageError(f"root must be a rank in 0..{c.world_size - 1}, got {root!r}")
-    algo = _algorithm(c, "broadcast", algorithm, buf.nbytes)
+    algo = _algorithm(c, "broadcast", algorithm, buf.nbytes, buf.itemsize)
     _timeout(timeout)
     return _launch(
         c,
@@ -360,7 +400,7 @@ def reduce_scatter(
             f"x must hold world_size * out.size = {c.world_size} * {ob.count} = {c.world_size * ob.count} "
             f"elements, got {xb.count}"
         )
-    algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes)
+    algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize)
     _timeout(timeout)
     return _launch(
         c,
@@ -390,7 +430,7 @@ def all_gather(
             f"out must hold world_size * x.size = {c.world_size} * {xb.count} = {c.world_size * xb.count} "
             f"elements, got {ob.count}"
         )
-    algo = _algorithm(c, "all_gather", algorithm, ob.nbytes)
+    algo = _algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize)
     _timeout(timeout)
     return _launch(
         c,

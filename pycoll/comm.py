@@ -3,6 +3,7 @@ compiled. ``pycoll.init()`` makes one; the collectives in ``pycoll.api`` run on 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -19,6 +20,8 @@ from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
+from pycoll.tuning import Model
+from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
 
 log = logging.getLogger("pycoll")
 
@@ -129,6 +132,7 @@ class Communicator:
         self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
         self.fragment_bytes = int(self._native.fragment_bytes)
+        self.model = self._agree_on_model(timeout)
         log.info(
             "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
             "spin %d us, yield %d us, reduce loops %s",
@@ -140,6 +144,17 @@ class Communicator:
             yield_us,
             _C.reduce_isa(),
         )
+
+    def _agree_on_model(self, timeout: float) -> Model:
+        """The cost model ``auto`` chooses by: rank 0's (this host's calibration, or the defaults),
+        handed to every rank through the store, so that all ranks make the same choices."""
+        if self.rank == 0:
+            model = load_model(segment_bytes=self.segment_bytes, workers=_usable_cpus())
+            if model is None:
+                model = Model.for_link("shm", workers=_usable_cpus(), segment_bytes=self.segment_bytes)
+            self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
+            return model
+        return model_from_dict(json.loads(self._store.get("tuning", timeout).decode()))
 
     # ---- plans -------------------------------------------------------------------------------------
     def native_plan(

@@ -1,8 +1,8 @@
 """Collective algorithms as plans: pure functions of (rank, world, count), no I/O.
 
 ``build_plan(collective, algorithm, rank, world, count)`` is the one entry point the executor side uses;
-``ALGORITHMS`` lists what it accepts; ``select.select_algorithm`` resolves ``"auto"``; ``simulate`` runs
-every rank's plan in one process (the oracle for the native executor).
+``ALGORITHMS`` lists what it accepts; the cost model (``pycoll.tuning``) resolves ``"auto"``;
+``simulate`` runs every rank's plan in one process (the oracle for the native executor).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _BUILDERS: dict[str, dict[str, _Builder]] = {
 }
 
 #: The algorithms each collective accepts (the first is a sensible default; "auto" is resolved by
-#: ``select.select_algorithm`` before a plan is built).
+#: the communicator's cost model, ``pycoll.tuning``, before a plan is built).
 ALGORITHMS: dict[str, tuple[str, ...]] = {name: tuple(table) for name, table in _BUILDERS.items()}
 
 
@@ -65,7 +65,7 @@ def build_plan(collective: str, algorithm: str, rank: int, world: int, count: in
         raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(_BUILDERS)}")
     builder = table.get(algorithm)
     if builder is None:
-        hint = " (resolve 'auto' with select.select_algorithm first)" if algorithm == "auto" else ""
+        hint = " (resolve 'auto' with pycoll.tuning.Model.choose_algorithm)" if algorithm == "auto" else ""
         raise ValueError(f"unknown {collective} algorithm {algorithm!r}; choose one of "
                          f"{', '.join(table)}{hint}")
     rank, world, count, root, segment_elems = map(operator.index, (rank, world, count, root, segment_elems))

@@ -22,6 +22,8 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 SUBCOMMANDS: list[tuple[str, str]] = [
     ("run", "pycoll.cli.run"),
     ("bench", "pycoll.cli.bench"),
+    ("doctor", "pycoll.cli.doctor"),
+    ("model", "pycoll.cli.model"),
 ]
 
 

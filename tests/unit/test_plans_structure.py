@@ -10,7 +10,6 @@ import pytest
 from pycoll.algorithms import ALGORITHMS, DEFAULT_SEGMENT_ELEMS, build_plan
 from pycoll.algorithms._layout import cut_segments
 from pycoll.algorithms.plan import OP_COLUMNS, READS_SRC, SENDS, WRITES_DST, Buf, OpKind, split_even
-from pycoll.algorithms.select import DIRECT_MAX_TOTAL_BYTES, select_algorithm
 from pycoll.algorithms.simulate import simulate
 from pycoll.algorithms.tree import binary_tree, double_binary_tree
 
@@ -189,7 +188,7 @@ def test_build_plan_is_cached_and_validates() -> None:
         build_plan("alltoall", "ring", 0, 2, 1)
     with pytest.raises(ValueError, match="ring, tree, direct"):
         build_plan("allreduce", "butterfly", 0, 2, 1)
-    with pytest.raises(ValueError, match="select_algorithm"):
+    with pytest.raises(ValueError, match="choose_algorithm"):
         build_plan("allreduce", "auto", 0, 2, 1)
     for bad in (dict(rank=2, world=2, count=1), dict(rank=0, world=0, count=1),
                 dict(rank=0, world=2, count=-1)):
@@ -199,20 +198,3 @@ def test_build_plan_is_cached_and_validates() -> None:
         build_plan("broadcast", "tree", 0, 2, 1, root=2)
     with pytest.raises(ValueError):
         build_plan("allreduce", "ring", 0, 2, 1, segment_elems=0)
-
-
-def test_select_algorithm() -> None:
-    for collective, algorithms in ALGORITHMS.items():
-        for world in (1, 2, 3, 8, 16, 64):
-            for nbytes in (0, 4096, DIRECT_MAX_TOTAL_BYTES, DIRECT_MAX_TOTAL_BYTES + 1, 1 << 20, 1 << 30):
-                assert select_algorithm(collective, world, nbytes) in algorithms
-    assert select_algorithm("allreduce", 8, 4096) == "direct"
-    assert select_algorithm("allreduce", 2, 256 << 10) == "direct"
-    assert select_algorithm("allreduce", 2, 1 << 20) == "ring"
-    assert select_algorithm("allreduce", 4, 256 << 10) == "direct"
-    assert select_algorithm("allreduce", 8, 256 << 10) == "ring"
-    assert select_algorithm("allreduce", 8, 1 << 30) == "ring"
-    assert select_algorithm("allreduce", 64, 1 << 20) == "tree"
-    assert select_algorithm("broadcast", 8, 1 << 30) == "ring"
-    with pytest.raises(ValueError, match="allreduce"):
-        select_algorithm("gather", 2, 0)

@@ -1,0 +1,300 @@
+"""The cost model (pycoll.tuning): plan loads against the simulator, closed forms, choices, calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pycoll.algorithms import ALGORITHMS, build_plan
+from pycoll.algorithms.compressed import build_compressed_plan
+from pycoll.algorithms.simulate import simulate
+from pycoll.compression import get_codec
+from pycoll.tuning import LINKS, DeviceProfile, LinkProfile, Model, expected_error
+from pycoll.tuning.calibrate import (
+    Measurement,
+    fit,
+    load_model,
+    model_from_dict,
+    model_to_dict,
+    save_model,
+)
+from pycoll.tuning.model import (
+    DECODED,
+    ENCODED,
+    RECEIVED,
+    SENT,
+    TRAFFIC,
+    bus_factor,
+    latency_hops,
+    plan_loads,
+    step_loads,
+)
+
+SEG = 4096  # elements per message in the plan-level tests
+
+
+def _plans(collective: str, algorithm: str, world: int, count: int) -> list:
+    return [build_plan(collective, algorithm, r, world, count, segment_elems=SEG) for r in range(world)]
+
+
+def _inputs(collective: str, world: int, count: int) -> list[np.ndarray]:
+    n = count * world if collective == "reduce_scatter" else count
+    return [np.full(n, r + 1, dtype=np.float32) for r in range(world)]
+
+
+CASES = [
+    (collective, algorithm, world, count)
+    for collective, algorithms in ALGORITHMS.items()
+    if collective != "barrier"
+    for algorithm in algorithms
+    for world in (1, 2, 3, 4, 7)
+    for count in (0, 1, 3 * SEG + 5, 2 * world * SEG)
+]
+
+
+@pytest.mark.parametrize("collective,algorithm,world,count", CASES)
+def test_loads_and_hops_match_the_simulator(collective: str, algorithm: str, world: int, count: int) -> None:
+    plans = _plans(collective, algorithm, world, count)
+    result = simulate(plans, _inputs(collective, world, count))
+    assert latency_hops(plans) == result.latency_hops
+    for r, plan in enumerate(plans):
+        loads = step_loads(plan, 4)
+        assert loads.shape == (len(plan.steps), 5)
+        assert loads[:, SENT].sum() == result.bytes_sent(r)
+        assert loads[:, RECEIVED].sum() == result.bytes_received(r)
+        assert not loads[:, ENCODED].any() and not loads[:, DECODED].any()
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "ring", "tree"])
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_compressed_loads_match_the_simulator(algorithm: str, world: int) -> None:
+    codec = get_codec("int8")
+    assert codec is not None
+    block = codec.block_elems
+    count = block * (7 * world + 3)  # whole blocks: the encoded size is exactly bytes_per_element x count
+    plans = [build_compressed_plan(algorithm, r, world, count, block, 4) for r in range(world)]
+    rng = np.random.default_rng(world)
+    inputs = [rng.standard_normal(count).astype(np.float32) for _ in range(world)]
+    result = simulate(plans, inputs, codec=codec)
+    assert latency_hops(plans) == result.latency_hops
+    for r, plan in enumerate(plans):
+        loads = step_loads(plan, 4, codec.bytes_per_element)
+        assert loads[:, SENT].sum() == pytest.approx(result.bytes_sent(r), rel=1e-12)
+        assert loads[:, RECEIVED].sum() == pytest.approx(result.bytes_received(r), rel=1e-12)
+        # Every element is decoded at least once and encoded at least once somewhere (two-shot: the
+        # owner encodes its chunk's final value once; every rank encodes its shares of the others).
+        assert loads[:, DECODED].sum() >= count * 4
+        assert loads[:, ENCODED].sum() > 0
+
+
+def _wire_model(alpha: float, beta: float) -> Model:
+    """A link with a wire and a device so fast that only alpha and beta count."""
+    link = LinkProfile("test", "test", alpha, beta, "gpu")
+    device = DeviceProfile("gpu", 1e30, None, {"int8": (1e30, 1e30)})
+    return Model(link, device, segment_bytes=SEG * 4)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_textbook_closed_forms(world: int) -> None:
+    alpha, beta = 2e-6, 10e9
+    model = _wire_model(alpha, beta)
+    segments = 3
+    count = world * SEG * segments  # every chunk cut into `segments` full messages
+    nbytes = count * 4
+    ring = model.predict("allreduce", "ring", world, nbytes)
+    # 2(n-1) hops per segment, and each rank sends and receives 2(n-1)/n of the buffer.
+    assert ring.time_s == pytest.approx(
+        2 * (world - 1) * segments * alpha + 2 * (world - 1) / world * nbytes / beta
+    )
+    direct = model.predict("allreduce", "direct", world, nbytes)
+    assert direct.time_s == pytest.approx(2 * segments * alpha + 2 * (world - 1) / world * nbytes / beta)
+    assert ring.busbw_GBps == pytest.approx(ring.algbw_GBps * 2 * (world - 1) / world)
+    assert direct.algbw_GBps == pytest.approx(nbytes / direct.time_s / 1e9)
+    # A codec of b bytes per element moves b/4 of the bytes, in messages of as many whole blocks as fit
+    # in a segment's bytes (so fewer messages than uncompressed).
+    codec = get_codec("int8")
+    assert codec is not None
+    bpe, block = codec.bytes_per_element, codec.block_elems
+    per_message = (SEG * 4 // codec.block_bytes) * block
+    coded_segments = math.ceil(count // world / per_message)
+    int8 = model.predict("allreduce", "direct", world, nbytes, codec="int8")
+    assert int8.time_s == pytest.approx(
+        2 * coded_segments * alpha + 2 * (world - 1) / world * nbytes * bpe / 4 / beta
+    )
+
+
+def test_shared_memory_costs_are_memory_traffic() -> None:
+    """Shared memory has no wire: a 2-rank direct all-reduce's rank copies its peer's half into the ring
+    (2 bytes of traffic per byte) and reduces its own half out (3), then the same with final values
+    (2 + 2): 9 x nbytes / 2 of traffic per rank, at copy_Bps, and twice that over the host's bandwidth."""
+    link = LinkProfile("shm", "shm", 0.0, None, "cpu", shared_host=True)
+    device = DeviceProfile("cpu", 10e9, 1e30, {}, workers=2)
+    model = Model(link, device, segment_bytes=1 << 30)
+    nbytes = 1 << 20
+    assert model.predict("allreduce", "direct", 2, nbytes).time_s == pytest.approx(9 * nbytes / 2 / 10e9)
+    # 4 ranks on 2 cores share them: twice the time of each rank's own work.
+    four = model.predict("allreduce", "direct", 4, nbytes).time_s
+    loads = plan_loads("allreduce", "direct", 4, nbytes // 4, 4, 1 << 30)
+    assert four == pytest.approx(loads.steps[..., TRAFFIC].sum(axis=1).max() / 10e9 * 2)
+    # The host's memory bandwidth bounds all ranks together.
+    slow_host = replace(model, device=replace(device, host_copy_Bps=1e9), _cache={})
+    assert slow_host.predict("allreduce", "direct", 4, nbytes).time_s == pytest.approx(
+        loads.steps[..., TRAFFIC].sum() / 1e9
+    )
+
+
+def test_bus_factor_and_world_one() -> None:
+    assert bus_factor("allreduce", 8) == pytest.approx(1.75)
+    assert bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
+    assert bus_factor("broadcast", 4) == 1.0
+    model = Model.for_link("nvlink4")
+    assert model.predict("allreduce", "ring", 1, 1 << 20).time_s == 0.0
+    assert model.choose_algorithm("allreduce", 1, 1 << 20) == "ring"
+    with pytest.raises(ValueError, match="world"):
+        model.predict("allreduce", "ring", 0, 1)
+
+
+def test_expected_error_table() -> None:
+    assert expected_error("int8", "direct", 2) == pytest.approx(7.3e-3)
+    assert expected_error("int8", "direct", 8) == pytest.approx(8.1e-3)
+    between = expected_error("int8", "direct", 6)
+    assert 7.8e-3 < between < 8.1e-3
+    assert expected_error("int4", "ring", 16) > expected_error("int4", "ring", 8)  # extrapolated growth
+    assert expected_error("fp16", "tree", 1) == 0.0
+    assert expected_error("user", "direct", 4) == math.inf
+    for codec in ("fp16", "bf16", "int8", "int4"):
+        assert expected_error(codec, "direct", 8) <= expected_error(codec, "ring", 8)
+
+
+@pytest.mark.parametrize("link", sorted(LINKS))
+def test_choices_are_valid_and_deterministic(link: str) -> None:
+    model = Model.for_link(link)
+    for collective, algorithms in ALGORITHMS.items():
+        for world in (1, 2, 3, 8):
+            for nbytes in (0, 4096, 1 << 20, 64 << 20):
+                choice = model.choose_algorithm(collective, world, nbytes)
+                assert choice in algorithms
+                assert choice == Model.for_link(link).choose_algorithm(collective, world, nbytes)
+
+
+def test_auto_compression_respects_the_budget() -> None:
+    slow = Model.for_link("eth10")
+    nbytes = 64 << 20
+    codec, algorithm = slow.choose_compression(8, nbytes, error_budget=1e-2)
+    assert (codec, algorithm) == ("int8", "direct")  # 1.06 bytes per element beats fp16's 2 on 10 GbE
+    assert slow.choose_compression(8, nbytes, error_budget=1e-3)[0] == "fp16"
+    # Whatever the budget, the choice is the fastest prediction among the candidates within it.
+    for budget in (1e-3, 5e-3, 1e-2, 0.2):
+        chosen, algo = slow.choose_compression(8, nbytes, error_budget=budget)
+        candidates = [slow.predict("allreduce", a, 8, nbytes) for a in ALGORITHMS["allreduce"]]
+        candidates += [
+            p
+            for c in ("fp16", "bf16", "int8", "int4")
+            for a in ("direct", "ring", "tree")
+            if (p := slow.predict("allreduce", a, 8, nbytes, codec=c)).error <= budget
+        ]
+        best = min(candidates, key=lambda p: p.time_s)
+        assert (chosen, algo) == (best.codec, best.algorithm)
+    assert slow.choose_compression(8, nbytes, error_budget=1e-5) == (
+        "none",
+        slow.choose_algorithm("allreduce", 8, nbytes),
+    )
+    # Compression is chosen only where it is predicted faster.
+    fast = Model.for_link("nvlink4")
+    assert fast.choose_compression(8, 4096, error_budget=1.0)[0] == "none"
+    for name, budget in (("int8", 1e-2), ("fp16", 1e-3)):
+        chosen, algo = slow.choose_compression(8, nbytes, error_budget=budget)
+        assert chosen == name
+        assert slow.predict("allreduce", algo, 8, nbytes, codec=name).error <= budget
+
+
+def _synthetic(model: Model) -> list[Measurement]:
+    points = []
+    for world in (2, 3, 4):
+        for algorithm in ("ring", "direct", "tree"):
+            for codec in ("none", "int8"):
+                for nbytes in (4096, 65536, 1 << 20, 16 << 20):
+                    p = model.predict(
+                        "allreduce", algorithm, world, nbytes, codec=None if codec == "none" else codec
+                    )
+                    points.append(Measurement(world, algorithm, codec, nbytes, p.time_s))
+    return points
+
+
+def test_fit_recovers_the_parameters_of_synthetic_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pycoll.tuning import calibrate
+
+    monkeypatch.setattr(calibrate, "shm_segment_bytes", lambda world: 512 * 1024)
+    truth_link = replace(LINKS["shm"], alpha_s=3e-6, efficiency={"direct": 0.8, "tree": 0.6})
+    truth_device = DeviceProfile(
+        "cpu", 40e9, 30e9, {k: (e * 1.3, d * 1.3) for k, (e, d) in LINKS_CPU_CODECS.items()}, workers=2
+    )
+    truth = Model(truth_link, truth_device, 512 * 1024)
+    fitted, report = fit(_synthetic(truth), workers=2)
+    assert report["rms_log_error"] < 0.01
+    for point in report["points"]:
+        assert abs(point["rel_error"]) < 0.03, point
+    assert fitted.link.alpha_s == pytest.approx(3e-6, rel=0.1)
+    assert fitted.link.efficiency["tree"] / fitted.link.efficiency.get("ring", 1.0) == pytest.approx(
+        0.6, rel=0.1
+    )
+
+
+LINKS_CPU_CODECS = {
+    "fp16": (13e9, 9.5e9),
+    "bf16": (12.2e9, 10.3e9),
+    "int8": (8.1e9, 7.9e9),
+    "int4": (7.1e9, 7.3e9),
+}
+
+
+def test_save_and_load(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = replace(Model.for_link("shm", workers=2), origin="calibrated")
+    model = replace(model, link=replace(model.link, efficiency={"tree": 0.5}), _cache={})
+    path = save_model(model, {"rms_log_error": 0.1}, tmp_path / "sub" / "tuning.json")
+    loaded = load_model(path, segment_bytes=1 << 18, workers=3)
+    assert loaded is not None
+    assert loaded.link == model.link
+    assert loaded.device == replace(model.device, workers=3)
+    assert loaded.segment_bytes == 1 << 18 and loaded.origin == str(path)
+    assert model_from_dict(json.loads(json.dumps(model_to_dict(model)))).link == model.link
+    # Another host's file, a broken file, a missing file and PYCOLL_TUNING_FILE=none: no calibration.
+    data = json.loads(path.read_text())
+    data["host"] = platform.node() + "-elsewhere"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    assert load_model(other) is None
+    (tmp_path / "broken.json").write_text("{")
+    assert load_model(tmp_path / "broken.json") is None
+    assert load_model(tmp_path / "missing.json") is None
+    monkeypatch.setenv("PYCOLL_TUNING_FILE", str(path))
+    assert load_model() is not None
+    monkeypatch.setenv("PYCOLL_TUNING_FILE", "none")
+    assert load_model() is None
+
+
+def test_model_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pycoll.cli.main import main
+
+    out = tmp_path / "model.jsonl"
+    assert main(["model", "--link", "pcie4,nvlink4", "--ranks", "8", "-b", "4K", "-e", "1M",
+                 "--compression", "int8", "--error-budget", "1e-2", "--json", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "# pcie4" in text and "# nvlink4" in text and "side by side" in text
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    sizes = {r["bytes"] for r in records}
+    assert sizes == {4096, 16384, 65536, 262144, 1048576}
+    model = Model.for_link("pcie4")
+    ring_1m = next(
+        r for r in records if r["link"] == "pcie4" and r["algorithm"] == "ring" and r["bytes"] == 1 << 20
+    )
+    assert ring_1m["busbw_GBps"] == pytest.approx(model.predict("allreduce", "ring", 8, 1 << 20).busbw_GBps)
+    assert main(["model", "--list"]) == 0
+    assert "nvlink4" in capsys.readouterr().out
+    assert main(["model", "--link", "token-ring"]) == 2
+    assert "unknown link" in capsys.readouterr().err
