@@ -173,6 +173,7 @@ def fit(
 ) -> tuple[Model, dict[str, Any]]:
     """The shared-memory model whose predictions best match ``measurements`` (see the module docstring),
     and a report: fitted values, and the relative error of every point."""
+    measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
     if base is None:
@@ -308,11 +309,14 @@ def _worker(args: argparse.Namespace) -> int:
         variants = []
         for algorithm in args.algorithms.split(","):
             for codec in args.codecs.split(","):
-                if codec != "none" and algorithm not in ("ring", "direct", "tree"):
-                    continue
+                if codec == "auto" and algorithm != "auto":
+                    continue  # compression="auto" picks its algorithm too
 
                 def run(x: np.ndarray, a: str = algorithm, c: str = codec) -> None:
-                    pycoll.allreduce(x, algorithm=a, compression=None if c == "none" else c)
+                    if c == "auto":
+                        pycoll.allreduce(x, compression="auto", error_budget=args.error_budget)
+                    else:
+                        pycoll.allreduce(x, algorithm=a, compression=None if c == "none" else c)
 
                 labels.append((algorithm, codec))
                 variants.append(benchmark.Variant(f"{algorithm}/{codec}", run))
@@ -354,11 +358,15 @@ def measure(
     algorithms: Sequence[str] = ALGORITHMS,
     codecs: Sequence[str] = DEFAULT_CODECS,
     rounds: int = 3,
+    error_budget: float = 1e-2,
+    env: dict[str, str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[Measurement]:
     """Time every (algorithm, codec) at every size on each of ``worlds`` local ranks: one job per world
     size and round, rounds interleaved (w2 w3 w4, w2 w3 w4, ...: DESIGN.md, "Measuring"), and the
-    median over rounds of each point."""
+    median over rounds of each point. ``algorithms`` may include "auto" and ``codecs`` "auto"
+    (``compression="auto"`` with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a
+    ``PYCOLL_TUNING_FILE`` for auto to choose by)."""
     from pycoll.cli.run import launch
 
     samples: dict[tuple[int, str, str, int], list[float]] = {}
@@ -368,11 +376,12 @@ def measure(
                 path = os.path.join(tmp, f"world{world}-{round_}.jsonl")
                 cmd = [sys.executable, "-m", "pycoll.tuning.calibrate", "--worker", "--out", path,
                        "-b", str(min_bytes), "-e", str(max_bytes), "-f", str(factor),
-                       "--algorithms", ",".join(algorithms), "--codecs", ",".join(codecs)]  # fmt: skip
+                       "--algorithms", ",".join(algorithms), "--codecs", ",".join(codecs),
+                       "--error-budget", repr(error_budget)]  # fmt: skip
                 if log:
                     log(f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
                         f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes")  # fmt: skip
-                code = launch(world, cmd)
+                code = launch(world, cmd, env=None if env is None else {**os.environ, **env})
                 if code != 0:
                     raise RuntimeError(f"the calibration job on {world} ranks failed (exit code {code})")
                 with open(path, encoding="utf-8") as f:
@@ -397,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
     parser.add_argument("--worlds", default=",".join(map(str, DEFAULT_WORLDS)))
+    parser.add_argument("--error-budget", type=float, default=1e-2, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is fitted (3)")
     parser.add_argument("--measurements", metavar="FILE", help="also write the measured points (JSON lines)")
     parser.add_argument("--from-measurements", metavar="FILE", help="fit these points instead of measuring")

@@ -428,7 +428,17 @@ class Model:
     def choose_algorithm(
         self, collective: str, world: int, nbytes: int, *, itemsize: int = 4, codec: object = None
     ) -> str:
-        """The algorithm predicted fastest (ties go to the first of ALGORITHMS[collective])."""
+        """The algorithm predicted fastest (ties go to the first of ALGORITHMS[collective]). Decisions are
+        remembered, so that ``auto`` costs a dictionary lookup per call after the first."""
+        key = ("algorithm", collective, world, nbytes, itemsize, codec)
+        choice = self._cache.get(key)
+        if choice is None:
+            choice = self._cache[key] = self._choose_algorithm(collective, world, nbytes, itemsize, codec)
+        return choice
+
+    def _choose_algorithm(
+        self, collective: str, world: int, nbytes: int, itemsize: int, codec: object
+    ) -> str:
         names = CODEC_ALGORITHMS if _codec_layout(codec)[0] != "none" else self.candidates(collective)
         if len(names) == 1 or world == 1:
             return names[0]
@@ -441,7 +451,17 @@ class Model:
         self, world: int, nbytes: int, *, error_budget: float, codecs: Sequence[str] = AUTO_CODECS
     ) -> tuple[str, str]:
         """(codec name or "none", algorithm) of the all-reduce of ``nbytes`` of float32 predicted fastest
-        among the uncompressed one and the ``codecs`` whose expected error fits ``error_budget``."""
+        among the uncompressed one and the ``codecs`` whose expected error fits ``error_budget``
+        (remembered, like ``choose_algorithm``)."""
+        key = ("compression", world, nbytes, error_budget, tuple(codecs))
+        choice = self._cache.get(key)
+        if choice is None:
+            choice = self._cache[key] = self._choose_compression(world, nbytes, error_budget, codecs)
+        return choice
+
+    def _choose_compression(
+        self, world: int, nbytes: int, error_budget: float, codecs: Sequence[str]
+    ) -> tuple[str, str]:
         best = ("none", self.choose_algorithm("allreduce", world, nbytes))
         best_time = self.predict("allreduce", best[1], world, nbytes).time_s
         if world == 1:
