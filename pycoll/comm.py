@@ -11,6 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable
 
 from pycoll import _C
@@ -149,9 +150,12 @@ class Communicator:
         """The cost model ``auto`` chooses by: rank 0's (this host's calibration, or the defaults),
         handed to every rank through the store, so that all ranks make the same choices."""
         if self.rank == 0:
-            model = load_model(segment_bytes=self.segment_bytes, workers=_usable_cpus())
+            model = load_model(
+                segment_bytes=self.segment_bytes, fragment_bytes=self.fragment_bytes, workers=_usable_cpus()
+            )
             if model is None:
                 model = Model.for_link("shm", workers=_usable_cpus(), segment_bytes=self.segment_bytes)
+                model = replace(model, fragment_bytes=self.fragment_bytes)
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
             return model
         return model_from_dict(json.loads(self._store.get("tuning", timeout).decode()))
@@ -174,7 +178,12 @@ class Communicator:
         else:
             segment_elems = max(1, self.segment_bytes // itemsize)
             p = build_plan(
-                collective, algorithm, self.rank, self.world_size, count, root=root,
+                collective,
+                algorithm,
+                self.rank,
+                self.world_size,
+                count,
+                root=root,
                 segment_elems=segment_elems,
             )
         table, starts = p.to_table()
@@ -279,7 +288,8 @@ class Communicator:
             else:
                 if self._async is None:
                     self._async = ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix=f"pycoll-rank{self.rank}",
+                        max_workers=1,
+                        thread_name_prefix=f"pycoll-rank{self.rank}",
                         initializer=self._note_worker,
                     )
                 fut = self._async.submit(fn)

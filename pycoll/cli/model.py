@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from pycoll import benchmark
@@ -68,13 +69,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _model(name: str, ranks: int) -> Any:
     from pycoll.tuning import Model
-    from pycoll.tuning.calibrate import load_model, shm_segment_bytes
+    from pycoll.tuning.calibrate import load_model, shm_fragment_bytes, shm_segment_bytes
 
     if name == "shm":
-        calibrated = load_model(segment_bytes=shm_segment_bytes(ranks))
+        segment, fragment = shm_segment_bytes(ranks), shm_fragment_bytes(ranks)
+        calibrated = load_model(segment_bytes=segment, fragment_bytes=fragment)
         if calibrated is not None:
             return calibrated
-        return Model.for_link("shm", segment_bytes=shm_segment_bytes(ranks))
+        return replace(Model.for_link("shm", segment_bytes=segment), fragment_bytes=fragment)
     return Model.for_link(name)
 
 

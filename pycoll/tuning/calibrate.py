@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from pycoll.benchmark import parse_size
 from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
-from pycoll.tuning.model import Model, plan_loads
+from pycoll.tuning.model import Model, Timing, plan_costs
 
 __all__ = [
     "Measurement",
@@ -38,6 +39,8 @@ __all__ = [
     "load_model",
     "measure",
     "save_model",
+    "last_level_cache_bytes",
+    "shm_fragment_bytes",
     "shm_segment_bytes",
     "tuning_file",
 ]
@@ -79,6 +82,29 @@ def shm_segment_bytes(world: int) -> int:
     return settings.slot_bytes_for(world) * settings.shm_slots // 2
 
 
+def shm_fragment_bytes(world: int) -> int:
+    """The shared-memory transport's fragment: one ring slot (csrc/transport/shm.h)."""
+    from pycoll.env import Settings
+
+    return Settings.from_environ().slot_bytes_for(world)
+
+
+def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
+    """Size of the largest CPU cache (sysfs), or None when it cannot be read."""
+    sizes = []
+    base = Path(sys_root) / "devices/system/cpu/cpu0/cache"
+    for index in sorted(base.glob("index*")):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
 def _usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -99,8 +125,18 @@ _Param = tuple[
 
 def _params(algorithms: Sequence[str], with_codecs: bool) -> list[_Param]:
     params: list[_Param] = [
+        (
+            "cache_bytes",
+            lambda lk, dv: float(dv.cache_bytes or 32 << 20),
+            lambda lk, dv, v: (lk, replace(dv, cache_bytes=int(v))),
+        ),
         ("alpha_s", lambda lk, dv: lk.alpha_s, lambda lk, dv, v: (replace(lk, alpha_s=v), dv)),
         ("copy_Bps", lambda lk, dv: dv.copy_Bps, lambda lk, dv, v: (lk, replace(dv, copy_Bps=v))),
+        (
+            "memory_Bps",
+            lambda lk, dv: dv.memory_Bps or dv.host_copy_Bps or dv.copy_Bps,
+            lambda lk, dv, v: (lk, replace(dv, memory_Bps=v)),
+        ),
         (
             "host_copy_Bps",
             lambda lk, dv: dv.host_copy_Bps or 2 * dv.copy_Bps,
@@ -119,6 +155,16 @@ def _params(algorithms: Sequence[str], with_codecs: bool) -> list[_Param]:
             return replace(lk, efficiency={**lk.efficiency, a: v}), dv
 
         params.append((f"efficiency[{algorithm}]", get, put))
+
+        def get_memory(lk: LinkProfile, dv: DeviceProfile, a: str = algorithm) -> float:
+            return lk.memory_efficiency.get(a, 1.0)
+
+        def put_memory(
+            lk: LinkProfile, dv: DeviceProfile, v: float, a: str = algorithm
+        ) -> tuple[LinkProfile, DeviceProfile]:
+            return replace(lk, memory_efficiency={**lk.memory_efficiency, a: v}), dv
+
+        params.append((f"memory_efficiency[{algorithm}]", get_memory, put_memory))
     if with_codecs:
 
         def get_codec_scale(lk: LinkProfile, dv: DeviceProfile) -> float:
@@ -172,25 +218,30 @@ def fit(
     measurements: Sequence[Measurement], base: Model | None = None, *, workers: int | None = None
 ) -> tuple[Model, dict[str, Any]]:
     """The shared-memory model whose predictions best match ``measurements`` (see the module docstring),
-    and a report: fitted values, and the relative error of every point."""
+    and a report: fitted values, and the relative error of every point.
+
+    A prediction is the larger of the critical path and the host-memory bound, each a sum of components
+    over the parameters (``Model.timing``). Which ops form the critical path depends on the parameters
+    only a little, so the fit alternates: run the plans at the current parameters to get every point's
+    composition, fit the parameters to those compositions (cheap: no plans run), and again, 4 times."""
     measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
     if base is None:
         link = link_named("shm")
-        base = Model(link, device_for(link, workers or _usable_cpus()), shm_segment_bytes(2))
+        device = replace(device_for(link, workers or _usable_cpus()), cache_bytes=last_level_cache_bytes())
+        base = Model(link, device, shm_segment_bytes(2))
+    if base.device.memory_Bps is None:
+        base = replace(base, device=replace(base.device, memory_Bps=base.device.host_copy_Bps))
     algorithms = sorted({m.algorithm for m in measurements}, key=lambda a: (a != "ring", a))
-    with_codecs = any(m.codec != "none" for m in measurements)
-    params = _params(algorithms, with_codecs)
+    params = _params(algorithms, any(m.codec != "none" for m in measurements))
     points = []
     for m in measurements:
-        codec_kind, bpe, block = _layout(m.codec)
-        count = m.bytes // 4
-        loads = plan_loads(
-            "allreduce", m.algorithm, m.world, count, 4, shm_segment_bytes(m.world), bpe, block
-        )
+        kind, bpe, block = _layout(m.codec)
+        seg = shm_segment_bytes(m.world)
+        costs = plan_costs("allreduce", m.algorithm, m.world, m.bytes // 4, 4, seg, bpe, block)
         weight = 2.0 if m.bytes >= LARGE_BYTES else 1.0
-        points.append((m, loads, codec_kind, weight))
+        points.append((m, kind, costs, weight))
 
     def model_at(x: np.ndarray) -> Model:
         link, device = base.link, base.device
@@ -198,26 +249,48 @@ def fit(
             link, device = put(link, device, float(v))
         return replace(base, link=link, device=device, _cache={})
 
-    def loss(x: np.ndarray) -> float:
-        model = model_at(x)
-        total = 0.0
-        for m, loads, kind, weight in points:
-            t, _ = model.time_of(loads, m.algorithm, m.world, kind)
-            total += weight * (math.log(t) - math.log(m.time_s)) ** 2
-        return total
+    def timings(model: Model) -> list[Timing]:
+        out = []
+        for m, kind, costs, _ in points:
+            at = replace(
+                model, segment_bytes=shm_segment_bytes(m.world), fragment_bytes=shm_fragment_bytes(m.world)
+            )
+            out.append(at.timing(costs, m.algorithm, m.world, kind, m.bytes))
+        return out
 
-    x0 = np.log([get(base.link, base.device) for _, get, _ in params])
-    x = _nelder_mead(loss, x0)
-    x = _nelder_mead(loss, x, step=0.1)  # restart: the simplex may have collapsed early
+    def predicted(model: Model, fixed: Sequence[Timing]) -> np.ndarray:
+        """Every point's time at ``model``'s parameters with the compositions ``fixed``."""
+        out = np.empty(len(points))
+        for k, ((m, kind, _, _), t) in enumerate(zip(points, fixed)):
+            path = float(model.weights(m.algorithm, m.world, kind) @ t.path)
+            out[k] = max(path, model.host_time(t.host, m.algorithm)) + t.extra
+        return out
+
+    measured = np.log([m.time_s for m, *_ in points])
+    weights = np.array([w for *_, w in points])
+
+    def loss_with(fixed: Sequence[Timing]) -> Callable[[np.ndarray], float]:
+        def loss(x: np.ndarray) -> float:
+            return float(weights @ (np.log(predicted(model_at(x), fixed)) - measured) ** 2)
+
+        return loss
+
+    x = np.log([get(base.link, base.device) for _, get, _ in params])
+    for _ in range(4):
+        fixed = timings(model_at(x))
+        x = _nelder_mead(loss_with(fixed), x)
+        x = _nelder_mead(loss_with(fixed), x, step=0.1)  # restart: the simplex may have collapsed early
     model = replace(model_at(x), origin="calibrated")
+    final = timings(model)
     rows = []
-    for m, loads, kind, _ in points:
-        t, _ = model.time_of(loads, m.algorithm, m.world, kind)
-        rows.append({**m.__dict__, "predicted_s": t, "rel_error": t / m.time_s - 1})
+    for (m, *_), t in zip(points, final):
+        rows.append({**m.__dict__, "predicted_s": t.time_s, "rel_error": t.time_s / m.time_s - 1})
+    errors = np.log([t.time_s for t in final]) - measured
     report = {
         "parameters": {name: float(v) for (name, _, _), v in zip(params, np.exp(x))},
+        "cache_bytes": model.device.cache_bytes,
         "points": rows,
-        "rms_log_error": math.sqrt(loss(x) / sum(w for *_, w in points)),
+        "rms_log_error": math.sqrt(float(weights @ errors**2) / float(weights.sum())),
     }
     return model, report
 
@@ -242,15 +315,18 @@ def model_to_dict(model: Model) -> dict[str, Any]:
         "link": model.link.to_dict(),
         "device": model.device.to_dict(),
         "segment_bytes": model.segment_bytes,
+        "fragment_bytes": model.fragment_bytes,
         "origin": model.origin,
     }
 
 
 def model_from_dict(data: dict[str, Any]) -> Model:
+    fragment = data.get("fragment_bytes")
     return Model(
         LinkProfile.from_dict(data["link"]),
         DeviceProfile.from_dict(data["device"]),
         int(data["segment_bytes"]),
+        None if fragment is None else int(fragment),
         origin=str(data.get("origin", "")),
     )
 
@@ -275,7 +351,11 @@ def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | 
 
 
 def load_model(
-    path: Path | None = None, *, segment_bytes: int | None = None, workers: int | None = None
+    path: Path | None = None,
+    *,
+    segment_bytes: int | None = None,
+    fragment_bytes: int | None = None,
+    workers: int | None = None,
 ) -> Model | None:
     """The calibrated shared-memory model saved on this host, or None (no file, another host's file, or
     an unreadable one)."""
@@ -292,7 +372,7 @@ def load_model(
         return None
     if workers is not None:
         device = replace(device, workers=workers)
-    return Model(link, device, segment_bytes or 512 * 1024, origin=str(path))
+    return Model(link, device, segment_bytes or 512 * 1024, fragment_bytes, origin=str(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -400,8 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("-b", "--minbytes", type=int, default=4096)
-    parser.add_argument("-e", "--maxbytes", type=int, default=64 << 20)
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=4096)
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
     parser.add_argument("-f", "--factor", type=int, default=4)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--codecs", default=",".join(DEFAULT_CODECS))

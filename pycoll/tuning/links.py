@@ -66,6 +66,9 @@ class LinkProfile:
     #: device an algorithm's access pattern achieves. Fitted by calibration; published links use 1.
     efficiency: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    #: Per-algorithm factor on the host memory bandwidth beyond the cache (ranks sharing a host): how
+    #: well an algorithm's access pattern streams from memory. Fitted by calibration.
+    memory_efficiency: dict[str, float] = field(default_factory=dict)
     #: All ranks on one host, sharing its cores and memory bandwidth (shared memory). Otherwise each
     #: rank has its own device (a GPU, or a host of its own behind a NIC).
     shared_host: bool = False
@@ -94,6 +97,10 @@ class DeviceProfile:
     source: str = ""
     #: Fixed seconds a step that encodes or decodes costs on top (GPU: launching the codec kernels).
     codec_step_s: float = 0.0
+    #: Memory bandwidth (bytes of traffic per second) of the whole host beyond its last-level cache,
+    #: and that cache's size; None where ranks do not share a host's memory.
+    memory_Bps: float | None = None
+    cache_bytes: int | None = None
 
     def codec_rates(self, name: str) -> tuple[float, float]:
         """(encode, decode) bytes per second for codec ``name``; a codec not listed (a user codec) is
@@ -142,6 +149,8 @@ CPU_DEFAULT = DeviceProfile(
     },
     workers=2,
     source="measured on the 2-vCPU development VM (pycoll bench --calibrate, bench/codec_throughput.py)",
+    memory_Bps=22.0 * GB,
+    cache_bytes=32 << 20,
 )
 
 DEVICES: dict[str, DeviceProfile] = {

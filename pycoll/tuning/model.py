@@ -57,7 +57,9 @@ __all__ = [
     "Prediction",
     "bus_factor",
     "expected_error",
-    "plan_loads",
+    "critical_path",
+    "op_costs",
+    "plan_costs",
     "step_loads",
 ]
 
@@ -102,12 +104,13 @@ def bus_factor(collective: str, world: int) -> float:
     return 1.0
 
 
-def step_loads(plan: Plan, itemsize: int, bytes_per_element: float | None = None) -> np.ndarray:
-    """What each step of ``plan`` moves: float64 [steps, 5] (sent, received, traffic, encoded, decoded
-    bytes). ``bytes_per_element``: the codec's wire bytes per element for a compressed plan."""
-    if not plan.steps:
+def op_costs(plan: Plan, itemsize: int, bytes_per_element: float | None = None) -> np.ndarray:
+    """What each op of ``plan`` (in ``plan.ops()`` order) moves: float64 [ops, 5] (sent, received,
+    traffic, encoded, decoded bytes). ``bytes_per_element``: the codec's wire bytes per element for a
+    compressed plan."""
+    table, _ = plan.to_table()
+    if not len(table):
         return np.zeros((0, _COLUMNS))
-    table, starts = plan.to_table()
     kind, count = table[:, 0], table[:, 1].astype(np.float64)
     src_buf, finalize = table[:, 4], table[:, 8].astype(bool)
     sends = np.isin(kind, _SENDS)
@@ -136,92 +139,53 @@ def step_loads(plan: Plan, itemsize: int, bytes_per_element: float | None = None
         # Every receive decodes; an op that encodes a final value also decodes its own encoding.
         redecode = (kind == OpKind.RECV_REDUCE_COPY_SEND) | final_reduce
         cost[:, DECODED] = np.where(receives, raw, 0.0) + np.where(redecode, raw, 0.0)
-    return np.add.reduceat(cost, starts[:-1], axis=0)
+    return cost
+
+
+def step_loads(plan: Plan, itemsize: int, bytes_per_element: float | None = None) -> np.ndarray:
+    """``op_costs`` summed per step: float64 [steps, 5]."""
+    if not plan.steps:
+        return np.zeros((0, _COLUMNS))
+    _, starts = plan.to_table()
+    return np.add.reduceat(op_costs(plan, itemsize, bytes_per_element), starts[:-1], axis=0)
 
 
 def latency_hops(plans: Sequence[Plan]) -> int:
     """The longest chain of dependent messages through every rank's plan, each message one hop and local
-    work free: the latency term's multiplier. Runs the plans' order exactly as the simulator does
-    (``pycoll.algorithms.simulate``, whose ``latency_hops`` this equals) without any data, so it is
-    cheap for large counts."""
-    world = len(plans)
-    channels: dict[tuple[int, int], deque[int]] = {}
-
-    def post(rank: int, peer: int, time: int) -> None:
-        channels.setdefault((rank, peer), deque()).append(time)
-
-    # Per rank and step: the pure SENDs (with the fused op to the same peer each must wait for, if any)
-    # and the ops that complete in list order.
-    layouts = []
-    for plan in plans:
-        steps = []
-        for step in plan.steps:
-            pure: list[tuple[int, int, int | None]] = []
-            ordered: list[tuple[int, Op]] = []
-            waits_for: dict[int, list[int]] = {}
-            last_sender: dict[int, int] = {}
-            for i, op in enumerate(step):
-                if op.kind == OpKind.SEND:
-                    pure.append((i, op.send_peer, last_sender.get(op.send_peer)))
-                else:
-                    ordered.append((i, op))
-                    if op.kind in _SENDS:
-                        last_sender[op.send_peer] = i
-            for _, peer, after in pure:
-                if after is not None:
-                    waits_for.setdefault(after, []).append(peer)
-            steps.append(([peer for _, peer, after in pure if after is None], ordered, waits_for))
-        layouts.append(steps)
-    step_of = [0] * world
-    position = [0] * world
-    started = [False] * world
-    clock = [0] * world
-    last = [0] * world
-    active = list(range(world))
-    while active:
-        progressed = False
-        for r in active:
-            while step_of[r] < len(layouts[r]):
-                free_sends, ordered, waits_for = layouts[r][step_of[r]]
-                if not started[r]:
-                    started[r], last[r] = True, clock[r]
-                    for peer in free_sends:
-                        post(r, peer, clock[r])
-                    progressed = True
-                while position[r] < len(ordered):
-                    i, op = ordered[position[r]]
-                    if op.kind != OpKind.COPY:
-                        queue = channels.get((op.recv_peer, r))
-                        if not queue:
-                            break
-                        last[r] = max(last[r], queue.popleft() + 1)
-                        if op.kind in _SENDS:
-                            post(r, op.send_peer, last[r])
-                        for peer in waits_for.get(i, ()):
-                            post(r, peer, last[r])
-                    position[r] += 1
-                    progressed = True
-                if position[r] < len(ordered):
-                    break
-                step_of[r], position[r], started[r] = step_of[r] + 1, 0, False
-                clock[r] = last[r]
-                progressed = True
-        active = [r for r in active if step_of[r] < len(layouts[r])]
-        if active and not progressed:
-            raise ValueError("the plans deadlock (check them with pycoll.algorithms.simulate)")
-    return max(clock, default=0)
+    work free: the latency term's multiplier (``critical_path`` with alpha = 1 and free bytes; equal to
+    the simulator's ``latency_hops``, computed without any data)."""
+    costs = PlanCosts(tuple(plans), tuple(op_costs(p, 4) for p in plans), 0.0)
+    weights = np.zeros(_PARTS)
+    weights[C_ALPHA] = 1.0
+    return int(round(critical_path(costs, weights, math.inf)[0]))
 
 
-class PlanLoads(NamedTuple):
-    """What a collective's plans move: ``steps`` is float64 [world, steps, 5], ``step_loads`` of every
-    rank (ranks with fewer steps padded with zeros); ``hops`` is ``latency_hops`` of the plans."""
+class Timing(NamedTuple):
+    """A predicted time and what it is made of: ``path`` is the critical path's composition (components
+    C_ALPHA ... C_WIRE), ``host`` the memory traffic of all ranks sharing a host and their working set
+    (``Model.host_time``); the time is the larger of the two, plus ``extra`` seconds of fixed costs."""
 
-    steps: np.ndarray
-    hops: int
+    time_s: float
+    path: np.ndarray
+    host: np.ndarray
+    extra: float
+
+
+class PlanCosts(NamedTuple):
+    """A collective's plans (one per rank) and what each op of each moves (``op_costs``)."""
+
+    plans: tuple[Plan, ...]
+    ops: tuple[np.ndarray, ...]
+    #: Bytes of memory traffic of all ranks together.
+    traffic: float
+
+    @property
+    def steps(self) -> int:
+        return max((len(p.steps) for p in self.plans), default=0)
 
 
 @functools.lru_cache(maxsize=1024)
-def plan_loads(
+def plan_costs(
     collective: str,
     algorithm: str,
     world: int,
@@ -231,27 +195,163 @@ def plan_loads(
     bytes_per_element: float | None = None,
     block: int = 1,
     root: int = 0,
-) -> PlanLoads:
-    """The loads of every rank's plan for one call. They depend only on the plans, not on the model's
-    parameters, so they are computed once (cached) and reused by every model and calibration."""
+) -> PlanCosts:
+    """Every rank's plan for one call and its ``op_costs``. They depend only on the plans, not on the
+    model's parameters, so they are computed once (cached) and reused by every model and calibration."""
     if bytes_per_element is None:
         segment_elems = max(1, segment_bytes // itemsize)
-        plans = [
+        plans = tuple(
             build_plan(collective, algorithm, r, world, count, root=root, segment_elems=segment_elems)
             for r in range(world)
-        ]
-        loads = [step_loads(p, itemsize) for p in plans]
+        )
+        ops = tuple(op_costs(p, itemsize) for p in plans)
     else:
         segment_blocks = max(1, int(segment_bytes // (bytes_per_element * block)))
-        plans = [
+        plans = tuple(
             build_compressed_plan(algorithm, r, world, count, block, segment_blocks) for r in range(world)
-        ]
-        loads = [step_loads(p, 4, bytes_per_element) for p in plans]
-    stacked = np.zeros((world, max((len(x) for x in loads), default=0), _COLUMNS))
-    for r, x in enumerate(loads):
-        stacked[r, : len(x)] = x
-    stacked.setflags(write=False)
-    return PlanLoads(stacked, latency_hops(plans))
+        )
+        ops = tuple(op_costs(p, 4, bytes_per_element) for p in plans)
+    for x in ops:
+        x.setflags(write=False)
+    return PlanCosts(plans, ops, float(sum(x[:, TRAFFIC].sum() for x in ops)))
+
+
+# Components of a stretch of predicted time: one per model parameter it is inversely proportional to
+# (alpha counts hops; the others count bytes).
+C_ALPHA, C_TRAFFIC, C_ENCODED, C_DECODED, C_WIRE = range(5)
+_PARTS = 5
+_Time = tuple[float, np.ndarray]  # (seconds, composition: seconds = weights . composition)
+
+
+def _later(a: _Time, b: _Time) -> _Time:
+    return a if a[0] >= b[0] else b
+
+
+def _plus(a: _Time, b: _Time) -> _Time:
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) -> _Time:
+    """When the last rank finishes, and what that time is made of, running the plans in the executor's
+    order (plan.py, "Execution order"; the same walk as ``latency_hops``) with timed ops.
+
+    ``weights`` are seconds per unit of each component: alpha per hop, then per byte of traffic, of
+    encoded and decoded float32, and of wire. A rank's ops use its core one after another (pure SENDs
+    first, at the step's start; then the ops that receive, in list order); a message travels the link
+    after alpha, its wire time serialized on the sender's and on the receiver's side; and ops stream
+    fragment by fragment: a receiving op can start when the first fragment of its message is in and end
+    one fragment after the message's last, and a fused op's own message starts one fragment into it."""
+    world = len(costs.plans)
+    zero = (0.0, np.zeros(_PARTS))
+    hop_vec = np.zeros(_PARTS)
+    hop_vec[C_ALPHA] = 1.0
+    hop: _Time = (float(weights[C_ALPHA]), hop_vec)
+    channels: dict[tuple[int, int], deque[tuple[_Time, _Time, _Time]]] = {}
+    send_port: list[_Time] = [zero] * world
+    recv_port: list[_Time] = [zero] * world
+
+    layouts = []
+    for r, plan in enumerate(costs.plans):
+        table = costs.ops[r]
+        cpu_v = np.zeros((len(table), _PARTS))
+        cpu_v[:, C_TRAFFIC], cpu_v[:, C_ENCODED], cpu_v[:, C_DECODED] = (
+            table[:, TRAFFIC], table[:, ENCODED], table[:, DECODED])  # fmt: skip
+        wire_v = np.zeros((len(table), _PARTS))
+        wire_v[:, C_WIRE] = table[:, SENT]
+        cpu_t, wire_t = cpu_v @ weights, wire_v @ weights
+        moved = np.maximum(table[:, SENT], table[:, RECEIVED])
+        phis = np.where(moved > fragment_bytes, fragment_bytes / np.maximum(moved, 1.0), 1.0)
+        steps = []
+        index = 0
+        for step in plan.steps:
+            pure: list[tuple[int, Op, int | None]] = []
+            ordered: list[tuple[int, Op]] = []
+            last_sender: dict[int, int] = {}
+            for op in step:
+                if op.kind == OpKind.SEND:
+                    pure.append((index, op, last_sender.get(op.send_peer)))
+                else:
+                    ordered.append((index, op))
+                    if op.kind in _SENDS:
+                        last_sender[op.send_peer] = index
+                index += 1
+            waits_for: dict[int, list[tuple[int, Op]]] = {}
+            for i, op, after in pure:
+                if after is not None:
+                    waits_for.setdefault(after, []).append((i, op))
+            free = [(i, op) for i, op, after in pure if after is None]
+            steps.append((free, ordered, waits_for))
+        layouts.append((steps, cpu_t, cpu_v, wire_t, wire_v, phis))
+
+    def cost(r: int, i: int) -> tuple[_Time, _Time, float]:
+        _, cpu_t, cpu_v, wire_t, wire_v, phis = layouts[r]
+        return (float(cpu_t[i]), cpu_v[i]), (float(wire_t[i]), wire_v[i]), float(phis[i])
+
+    def scaled(t: _Time, f: float) -> _Time:
+        return (t[0] * f, t[1] * f)
+
+    def post(r: int, peer: int, first: _Time, last: _Time, wire: _Time, phi: float) -> None:
+        start = _later(send_port[r], first)
+        send_port[r] = _later(_plus(start, wire), last)
+        channels.setdefault((r, peer), deque()).append((_plus(start, scaled(wire, phi)), send_port[r], wire))
+
+    def send_now(r: int, i: int, op: Op, at: _Time) -> _Time:
+        """A pure SEND run on the core from ``at``; returns when the core is free again."""
+        c, w, phi = cost(r, i)
+        end = _plus(at, c)
+        post(r, op.send_peer, _plus(at, scaled(c, phi)), end, w, phi)
+        return end
+
+    step_of = [0] * world
+    position = [0] * world
+    started = [False] * world
+    cpu: list[_Time] = [zero] * world
+    active = list(range(world))
+    while active:
+        progressed = False
+        for r in active:
+            steps = layouts[r][0]
+            while step_of[r] < len(steps):
+                free, ordered, waits_for = steps[step_of[r]]
+                if not started[r]:
+                    started[r] = True
+                    for i, op in free:
+                        cpu[r] = send_now(r, i, op, cpu[r])
+                    progressed = True
+                while position[r] < len(ordered):
+                    i, op = ordered[position[r]]
+                    c, w, phi = cost(r, i)
+                    if op.kind == OpKind.COPY:
+                        cpu[r] = _plus(cpu[r], c)
+                    else:
+                        queue = channels.get((op.recv_peer, r))
+                        if not queue:
+                            break
+                        first, last, mw = queue.popleft()
+                        first, last = _plus(first, hop), _plus(last, hop)
+                        # The receiver's side of the link takes the message's wire time too.
+                        last = _later(last, _plus(recv_port[r], mw))
+                        recv_port[r] = last
+                        begin = _later(cpu[r], first)
+                        done = _later(_plus(begin, c), _plus(last, scaled(c, phi)))
+                        if op.kind in _SENDS:
+                            post(r, op.send_peer, _plus(begin, scaled(c, phi)), done, w, phi)
+                        cpu[r] = done
+                        for j, queued in waits_for.get(i, ()):
+                            cpu[r] = send_now(r, j, queued, cpu[r])
+                    position[r] += 1
+                    progressed = True
+                if position[r] < len(ordered):
+                    break
+                step_of[r], position[r], started[r] = step_of[r] + 1, 0, False
+                progressed = True
+        active = [r for r in active if step_of[r] < len(layouts[r][0])]
+        if active and not progressed:
+            raise ValueError("the plans deadlock (check them with pycoll.algorithms.simulate)")
+    end = zero
+    for t in cpu:
+        end = _later(end, t)
+    return end
 
 
 @dataclass(frozen=True)
@@ -342,6 +442,8 @@ class Model:
     link: LinkProfile
     device: DeviceProfile
     segment_bytes: int = 512 * 1024
+    #: Bytes a transport fragment carries, the unit ops stream in (None: a quarter of a segment).
+    fragment_bytes: int | None = None
     #: Where the parameters came from ("defaults", or a calibration file).
     origin: str = "defaults"
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -364,7 +466,7 @@ class Model:
         codec: object = None,
         root: int = 0,
     ) -> Prediction:
-        """Predicted time of one call moving ``nbytes`` (the largest buffer, as ``select_algorithm``
+        """Predicted time of one call moving ``nbytes`` (the largest buffer, as the API
         counts it) on ``world`` ranks. ``codec``: None, a codec name or a ``pycoll.compression`` codec
         (all-reduce of float32 only)."""
         if world < 1 or nbytes < 0:
@@ -379,47 +481,57 @@ class Model:
                 raise ValueError(f"compression applies to allreduce only, not {collective}")
             itemsize = 4
         count = _plan_count(collective, world, nbytes, itemsize)
-        loads = plan_loads(
+        costs = plan_costs(
             collective, algorithm, world, count, itemsize, self.segment_bytes, bpe, block, root
         )
-        time_s, steps = self.time_of(loads, algorithm, world, name)
+        timing = self.timing(costs, algorithm, world, name, nbytes)
         error = 0.0 if name == "none" else expected_error(name, algorithm, world)
-        prediction = Prediction(collective, algorithm, name, world, nbytes, time_s, steps, error)
+        prediction = Prediction(collective, algorithm, name, world, nbytes, timing.time_s, costs.steps, error)
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[key] = prediction
         return prediction
 
-    def time_of(self, loads: PlanLoads, algorithm: str, world: int, codec: str) -> tuple[float, int]:
-        """(seconds, steps) of a collective whose plans move ``loads`` (``plan_loads``)."""
-        stacked = loads.steps
-        steps = stacked.shape[1]
-        if steps == 0:
-            return 0.0, 0
+    def weights(self, algorithm: str, world: int, codec: str) -> np.ndarray:
+        """Seconds per unit of each component of ``critical_path`` (C_ALPHA ... C_WIRE) for this call."""
         device, link = self.device, self.link
         eff = link.efficiency.get(algorithm, 1.0)
-        encode_Bps, decode_Bps = device.codec_rates(codec) if codec != "none" else (1.0, 1.0)
-        compute = (
-            stacked[..., TRAFFIC] / device.copy_Bps
-            + stacked[..., ENCODED] / encode_Bps
-            + stacked[..., DECODED] / decode_Bps
-        ) / eff
-        if link.shared_host and device.workers:
-            compute = compute * max(1.0, world / device.workers)
+        share = max(1.0, world / device.workers) if link.shared_host and device.workers else 1.0
+        encode_Bps, decode_Bps = device.codec_rates(codec) if codec != "none" else (math.inf, math.inf)
+        w = np.zeros(_PARTS)
+        w[C_ALPHA] = link.alpha_s
+        w[C_TRAFFIC] = share / (device.copy_Bps * eff)
+        w[C_ENCODED] = share / (encode_Bps * eff)
+        w[C_DECODED] = share / (decode_Bps * eff)
+        w[C_WIRE] = 0.0 if link.beta_Bps is None else 1.0 / (link.beta_Bps * eff)
+        return w
+
+    def timing(self, costs: PlanCosts, algorithm: str, world: int, codec: str, nbytes: int) -> Timing:
+        """The predicted time of a collective whose plans are ``costs`` and its composition."""
+        if costs.steps == 0:
+            return Timing(0.0, np.zeros(_PARTS), np.zeros(2), 0.0)
+        device, link = self.device, self.link
+        fragment = self.segment_bytes / 4 if self.fragment_bytes is None else self.fragment_bytes
+        path_t, path = critical_path(costs, self.weights(algorithm, world, codec), fragment)
+        extra = 0.0
         if codec != "none" and device.codec_step_s:
-            coding = (stacked[..., ENCODED] + stacked[..., DECODED]) > 0
-            compute = compute + np.where(coding, device.codec_step_s, 0.0)
-        # Each rank's resources are busy for their totals; the pipelined plan runs at its busiest one.
-        busy = compute.sum(axis=1)
-        if link.beta_Bps is not None:
-            beta = link.beta_Bps * eff
-            busy = np.maximum(
-                busy, np.maximum(stacked[..., SENT].sum(axis=1), stacked[..., RECEIVED].sum(axis=1)) / beta
-            )
-        throughput = float(busy.max())
-        if link.shared_host and device.host_copy_Bps:
-            throughput = max(throughput, float(stacked[..., TRAFFIC].sum()) / (device.host_copy_Bps * eff))
-        return link.alpha_s * loads.hops + throughput, steps
+            extra = device.codec_step_s * costs.steps
+        # Ranks sharing a host share its caches and memory: all their traffic at the host's bandwidth,
+        # the part that misses the last-level cache at the memory's.
+        host = np.array([costs.traffic if link.shared_host else 0.0, float(world * nbytes)])
+        return Timing(max(path_t, self.host_time(host, algorithm)) + extra, path, host, extra)
+
+    def host_time(self, host: np.ndarray, algorithm: str) -> float:
+        """Seconds the host's memory needs for ``host`` = (traffic of all ranks, their working set)."""
+        device, link = self.device, self.link
+        traffic, working_set = float(host[0]), float(host[1])
+        if not traffic or not device.host_copy_Bps:
+            return 0.0
+        cache = device.cache_bytes
+        miss = max(0.0, 1.0 - cache / max(working_set, 1.0)) if cache else 0.0
+        eff = link.efficiency.get(algorithm, 1.0)
+        memory = (device.memory_Bps or device.host_copy_Bps) * link.memory_efficiency.get(algorithm, 1.0)
+        return traffic * (1 - miss) / (device.host_copy_Bps * eff) + traffic * miss / memory
 
     # ---- choices ---------------------------------------------------------------------------------------
     def candidates(self, collective: str) -> tuple[str, ...]:

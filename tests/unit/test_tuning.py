@@ -28,10 +28,9 @@ from pycoll.tuning.model import (
     ENCODED,
     RECEIVED,
     SENT,
-    TRAFFIC,
     bus_factor,
     latency_hops,
-    plan_loads,
+    plan_costs,
     step_loads,
 )
 
@@ -93,10 +92,11 @@ def test_compressed_loads_match_the_simulator(algorithm: str, world: int) -> Non
 
 
 def _wire_model(alpha: float, beta: float) -> Model:
-    """A link with a wire and a device so fast that only alpha and beta count."""
+    """A link with a wire and a device so fast that only alpha and beta count; messages are forwarded
+    whole (one fragment), as the textbook formulas assume."""
     link = LinkProfile("test", "test", alpha, beta, "gpu")
     device = DeviceProfile("gpu", 1e30, None, {"int8": (1e30, 1e30)})
-    return Model(link, device, segment_bytes=SEG * 4)
+    return Model(link, device, segment_bytes=SEG * 4, fragment_bytes=1 << 40)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
@@ -131,21 +131,42 @@ def test_textbook_closed_forms(world: int) -> None:
 def test_shared_memory_costs_are_memory_traffic() -> None:
     """Shared memory has no wire: a 2-rank direct all-reduce's rank copies its peer's half into the ring
     (2 bytes of traffic per byte) and reduces its own half out (3), then the same with final values
-    (2 + 2): 9 x nbytes / 2 of traffic per rank, at copy_Bps, and twice that over the host's bandwidth."""
+    (2 + 2): 9 x nbytes / 2 of traffic, one op after another on its core."""
     link = LinkProfile("shm", "shm", 0.0, None, "cpu", shared_host=True)
-    device = DeviceProfile("cpu", 10e9, 1e30, {}, workers=2)
-    model = Model(link, device, segment_bytes=1 << 30)
+    device = DeviceProfile("cpu", 10e9, 1e30, {}, workers=4)
+    model = Model(link, device, segment_bytes=1 << 30, fragment_bytes=1 << 40)
     nbytes = 1 << 20
     assert model.predict("allreduce", "direct", 2, nbytes).time_s == pytest.approx(9 * nbytes / 2 / 10e9)
-    # 4 ranks on 2 cores share them: twice the time of each rank's own work.
+    # 4 ranks on 2 cores share them: every op takes twice as long.
     four = model.predict("allreduce", "direct", 4, nbytes).time_s
-    loads = plan_loads("allreduce", "direct", 4, nbytes // 4, 4, 1 << 30)
-    assert four == pytest.approx(loads.steps[..., TRAFFIC].sum(axis=1).max() / 10e9 * 2)
-    # The host's memory bandwidth bounds all ranks together.
-    slow_host = replace(model, device=replace(device, host_copy_Bps=1e9), _cache={})
-    assert slow_host.predict("allreduce", "direct", 4, nbytes).time_s == pytest.approx(
-        loads.steps[..., TRAFFIC].sum() / 1e9
+    shared = replace(model, device=replace(device, workers=2), _cache={})
+    assert shared.predict("allreduce", "direct", 4, nbytes).time_s == pytest.approx(2 * four)
+    # The host's memory bandwidth bounds all ranks together: in the cache at host_copy_Bps, beyond it
+    # (4 ranks x 1 MiB = 4 MiB against a 1 MiB cache: 3/4 of the traffic misses) at memory_Bps.
+    traffic = plan_costs("allreduce", "direct", 4, nbytes // 4, 4, 1 << 30).traffic
+    slow_host = replace(model, device=replace(device, host_copy_Bps=1e9, cache_bytes=1 << 30), _cache={})
+    assert slow_host.predict("allreduce", "direct", 4, nbytes).time_s == pytest.approx(traffic / 1e9)
+    small_cache = replace(device, host_copy_Bps=1e9, memory_Bps=0.5e9, cache_bytes=1 << 20)
+    missing = replace(model, device=small_cache, _cache={})
+    expected = traffic * 0.25 / 1e9 + traffic * 0.75 / 0.5e9
+    assert missing.predict("allreduce", "direct", 4, nbytes).time_s == pytest.approx(expected)
+    tree_slow = replace(missing, link=replace(link, memory_efficiency={"direct": 0.5}), _cache={})
+    assert tree_slow.predict("allreduce", "direct", 4, nbytes).time_s == pytest.approx(
+        traffic * 0.25 / 1e9 + traffic * 0.75 / 0.25e9
     )
+
+
+def test_streaming_overlaps_a_chain_of_hops() -> None:
+    """Ops stream fragment by fragment: a chain broadcast of one message over 8 ranks costs one message
+    plus a fragment per further hop, not a message per hop."""
+    link = LinkProfile("net", "net", 0.0, 1e9, "gpu")
+    device = DeviceProfile("gpu", 1e30, None, {})
+    whole = Model(link, device, segment_bytes=1 << 20, fragment_bytes=1 << 40)
+    streamed = replace(whole, fragment_bytes=1 << 16, _cache={})
+    nbytes = 1 << 20
+    wire = nbytes / 1e9
+    assert whole.predict("broadcast", "ring", 8, nbytes).time_s == pytest.approx(7 * wire)
+    assert streamed.predict("broadcast", "ring", 8, nbytes).time_s == pytest.approx(wire + 6 * wire / 16)
 
 
 def test_bus_factor_and_world_one() -> None:
