@@ -25,7 +25,6 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -38,11 +37,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE / "baselines"))
+sys.path.insert(0, str(REPO))
 
-from _common import load_benchmark  # noqa: E402
-
-bm = load_benchmark()
+from pycoll import benchmark as bm  # noqa: E402  (numpy only: no native module needed here)
+from pycoll.baselines import mpirun_command  # noqa: E402
 
 LIBRARIES = ("pycoll", "mpi", "gloo")
 LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo"}
@@ -98,10 +96,8 @@ def command_for(library: str, world: int, json_path: str, args: argparse.Namespa
     if library == "pycoll":
         return [py, "-m", "pycoll.cli.bench", "--ranks", str(world), "--algorithm", args.algorithm, *flags]
     if library == "mpi":
-        mpirun = shutil.which("mpirun") or "mpirun"
-        root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
         script = str(HERE / "baselines" / "mpi_allreduce.py")
-        return [mpirun, *root, "--oversubscribe", "-n", str(world), py, script, *flags]
+        return mpirun_command(world, [py, script, *flags])
     if library == "gloo":
         script = str(HERE / "baselines" / "gloo_allreduce.py")
         launcher = [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]

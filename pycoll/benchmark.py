@@ -29,6 +29,15 @@ error ||out - exact|| / ||exact|| against the float64 exact sum (worst iteration
 stays the uncompressed size, so algbw and busbw are *effective* bandwidths. ``run_interleaved_sweep``
 times several variants (e.g. no codec and int8) size by size, A B A B, so their ratios come from the
 same minutes of a noisy machine.
+
+Other reduction ops and element types (``pycoll bench -o`` / ``-d``, nccl-tests' names in
+``DATATYPES`` / ``REDOPS``): ``ExactInputs(op)`` picks, per op, type and world size, inputs whose
+reduction is exact in that type whatever order the ranks combine them in, and a closed form of the
+result (``exact_input`` / ``exact_expected``; the derivation is in ``exact_pattern``'s docstring), so
+``#wrong`` stays an exact element-by-element comparison for every op and type.
+
+Every ``Result`` names its series (``library``, ``algorithm``, ``codec``; ``label`` joins them) and
+keeps ``times_us``, the per-iteration slowest-rank times the median was taken from.
 """
 
 from __future__ import annotations
@@ -37,10 +46,11 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,14 +62,20 @@ else:
 # `pycoll bench`) and must stay fast.
 
 __all__ = [
+    "DATATYPES",
+    "REDOPS",
     "ExactInputs",
     "Inputs",
+    "ProgressLine",
     "Result",
     "Variant",
     "add_sweep_arguments",
     "bus_factor",
     "default_iters",
     "default_warmup",
+    "exact_expected",
+    "exact_input",
+    "exact_pattern",
     "expected_sum",
     "format_footer",
     "format_header",
@@ -74,12 +90,15 @@ __all__ = [
     "rank_input",
     "read_json_lines",
     "relative_error",
+    "resolve_dtype",
+    "result_from_dict",
     "result_to_dict",
     "run_allreduce_sweep",
     "run_and_report",
     "run_interleaved_sweep",
     "sweep_kwargs",
     "sweep_sizes",
+    "variant_label",
 ]
 
 AllReduceFn = Callable[["np.ndarray"], Any]
@@ -87,6 +106,26 @@ BarrierFn = Callable[[], Any]
 ReduceMaxFn = Callable[["np.ndarray"], "np.ndarray"]
 #: Judges one result on one rank: (elements wrong / outside the bound, relative L2 error or None).
 JudgeFn = Callable[["np.ndarray"], "tuple[int, float | None]"]
+#: Untimed work of a variant around each iteration (e.g. copying to and from a GPU).
+HookFn = Callable[["np.ndarray"], Any]
+#: Called before each (size, variant) of a sweep: (size index, number of sizes, bytes, variant).
+ProgressFn = Callable[[int, int, int, "Variant"], Any]
+
+#: nccl-tests' ``-d`` names and the numpy dtype names pycoll reports them as (the ``type`` column).
+DATATYPES: dict[str, str] = {
+    "float": "float32",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "double": "float64",
+    "int32": "int32",
+    "int64": "int64",
+    "int8": "int8",
+    "uint8": "uint8",
+}
+#: nccl-tests' ``-o`` names (the ``redop`` column), in nccl-tests' order.
+REDOPS = ("sum", "prod", "max", "min", "avg")
+#: Significant bits of the floating types: every integer up to 2**bits is exact in them.
+_SIGNIFICANT_BITS = {"float32": 24, "float64": 53, "float16": 11, "bfloat16": 8}
 
 # Iteration counts when the caller gives none: about 128 MiB of payload per size, between 5 and 100
 # timed iterations, plus a fifth of that (at least 2) as warm-up; and fewer timed iterations when the
@@ -120,6 +159,29 @@ class Result:
     codec: str = "none"
     #: ||out - exact|| / ||exact|| of the worst checked iteration and rank (None when not checked).
     rel_error: float | None = None
+    #: Who did the all-reduce: "pycoll", "gloo", "mpi", "nccl" ("" when the caller did not say).
+    library: str = ""
+    #: The library's algorithm: pycoll's auto/ring/tree/direct; "default" for a baseline's own choice.
+    algorithm: str = ""
+    #: Per timed iteration, the slowest rank's time (us), in the order run: ``time_us`` is their median.
+    times_us: tuple[float, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The series this result belongs to (``variant_label``)."""
+        return variant_label(self.library, self.algorithm, self.codec)
+
+
+def variant_label(library: str, algorithm: str = "", codec: str = "none") -> str:
+    """A series' name: ``library/algorithm/codec`` without the parts that say nothing.
+
+    ``("pycoll", "ring", "none")`` -> ``"pycoll/ring"``, ``("pycoll", "direct", "int8")`` ->
+    ``"pycoll/direct/int8"``, ``("gloo", "default", "none")`` -> ``"gloo"``; an empty library (results
+    of callers that name none) leaves the codec alone."""
+    parts = [part for part in (library, "" if algorithm == "default" else algorithm) if part]
+    if codec != "none" or not parts:
+        parts.append(codec)
+    return "/".join(parts)
 
 
 def bus_factor(world: int) -> float:
@@ -143,6 +205,9 @@ def make_result(
     warmup: int = 0,
     codec: str = "none",
     rel_error: float | None = None,
+    library: str = "",
+    algorithm: str = "",
+    times_us: Sequence[float] = (),
 ) -> Result:
     """Build a ``Result``, deriving algbw and busbw from ``nbytes`` and ``time_us`` (for a compressed
     all-reduce ``nbytes`` is the uncompressed size: effective bandwidth)."""
@@ -163,6 +228,9 @@ def make_result(
         warmup=warmup,
         codec=codec,
         rel_error=rel_error,
+        library=library,
+        algorithm=algorithm,
+        times_us=tuple(float(t) for t in times_us),
     )
 
 
@@ -249,15 +317,22 @@ class Inputs:
 
 
 class ExactInputs(Inputs):
-    """``rank_input`` / ``expected_sum``: exact in float32, so any differing element is wrong."""
+    """Inputs whose all-reduce with ``op`` is exact in the element type, and its closed form
+    (``exact_input`` / ``exact_expected``): any differing element is wrong. With ``op="sum"`` on
+    float32 these are ``rank_input`` / ``expected_sum``."""
+
+    def __init__(self, op: str = "sum") -> None:
+        if op not in REDOPS:
+            raise ValueError(f"unknown op {op!r}; expected one of {', '.join(REDOPS)}")
+        self.op = op
 
     def input(self, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
-        return rank_input(rank, count, dtype)
+        return exact_input(self.op, rank, world, count, dtype)
 
     def judge(self, rank: int, world: int, count: int, dtype: DTypeLike) -> JudgeFn:
         import numpy as np
 
-        expected = expected_sum(world, count, dtype)
+        expected = exact_expected(self.op, world, count, dtype)
 
         def judge(x: np.ndarray) -> tuple[int, float | None]:
             wrong = int(np.count_nonzero(x != expected))
@@ -266,14 +341,184 @@ class ExactInputs(Inputs):
         return judge
 
 
+# ---------------------------------------------------------------------------------------------------
+# Exact inputs and closed forms for every op and type (``pycoll bench -o ... -d ...``).
+
+
+def resolve_dtype(name: DTypeLike) -> np.dtype:
+    """A numpy dtype from an nccl-tests name (``float``, ``half``, ``double``...), a numpy name or a
+    dtype; ``bfloat16`` comes from ``ml_dtypes`` (ValueError naming the package when it is missing)."""
+    import numpy as np
+
+    if isinstance(name, str):
+        key = DATATYPES.get(name.strip().lower(), name.strip().lower())
+        if key == "bfloat16":
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise ValueError("bfloat16 needs the ml_dtypes package: pip install ml_dtypes") from None
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(key)
+    return np.dtype(name)
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.name in _SIGNIFICANT_BITS
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    """The type pycoll's kernels reduce ``dt`` in: float64 for float64, float32 for float32, float16
+    and bfloat16 (which are rounded back to their own type after every step), ``dt`` for integers."""
+    import numpy as np
+
+    if dt.name == "float64" or not _is_float(dt):
+        return dt
+    return np.dtype(np.float32)
+
+
+def exact_pattern(op: str, world: int, dtype: DTypeLike) -> str:
+    """Which inputs ``exact_input`` gives for ``op`` on ``world`` ranks of ``dtype``, chosen so that
+    every rank ends with a result known in closed form, bit for bit, whatever order the ranks add in.
+
+    ``"ranks"``: ``x_r[i] = r + 1 + (i % 7)`` (the pattern of ``rank_input``), with ``k = i % 7``:
+        sum = n(n+1)/2 + n·k, min = 1 + k, max = n + k, avg = sum / n = (n+1)/2 + k.
+        Floating types: every input and every partial sum is an integer no larger than the total
+        T = n(n+1)/2 + 6n, so when T <= 2**p (p significant bits: float32 24, float64 53, float16 11,
+        bfloat16 8) no addition rounds, in any order, and the partial sums stored back in a half type
+        after each step are exact too. The average is then exact as well: T / n = (n+1)/2 + k is a
+        multiple of 1/2 below 2**(p-1), so float32(sum) / float32(n) in the compute type (float32
+        for half and bfloat16) is exact and rounding it to the element type changes nothing.
+        Integer types: sum wraps modulo 2**bits exactly as numpy's does, in any order (the expected
+        value is the closed form cast to the type); min and max need n + 6 <= the type's maximum.
+        Used for sum/avg while T <= 2**p (bfloat16: n <= 17, float16: n <= 57, float32: n <= 5785)
+        and for min/max while n + 6 fits (int8: n <= 121, bfloat16: n <= 250).
+    ``"pairs"``: ``x_r[i] = 1 + ((r + i) % 2)`` for larger worlds: the total is at most n + ceil(n/2),
+        exact while that is <= 2**p; sum = n + (n // 2 if i is even else (n + 1) // 2); min and max are
+        1 and 2 (for n = 1: 1 + (i % 2)); avg = float32(sum) / float32(n) rounded once to the type.
+    ``"powers"`` (prod): ``x_r[i] = 2`` when ``(r + i) % 7 == 0``, else 1: the product is 2**c with
+        c = #{r < n : (r + i) % 7 == 0}, a power of two, exact in every floating type (it overflows
+        float16 to inf only past 105 ranks, which is then the expected value) and, in integer types,
+        wrapping as numpy's does (2**7 in int8 is -128, 2**8 is 0).
+
+    ValueError when no pattern is exact (``op="avg"`` on an integer type, or sums past 2**p with
+    both patterns, e.g. bfloat16 on more than 170 ranks)."""
+    import numpy as np
+
+    if op not in REDOPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {', '.join(REDOPS)}")
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    dt = resolve_dtype(dtype)
+    n = world
+    if op == "prod":
+        return "powers"
+    if op == "avg" and not _is_float(dt):
+        raise ValueError(f"op avg needs a floating-point type, got {dt.name}")
+    if _is_float(dt):
+        limit = 2 ** _SIGNIFICANT_BITS[dt.name]
+        if op in ("min", "max"):
+            return "ranks" if n + 6 <= limit else "pairs"
+        if n * (n + 1) // 2 + 6 * n <= limit:
+            return "ranks"
+        if n + (n + 1) // 2 <= limit:
+            return "pairs"
+        raise ValueError(
+            f"no exact check of {op} on {dt.name} with {n} ranks (its sums round); run with -c 0"
+        )
+    if op in ("min", "max") and n + 6 > int(np.iinfo(dt).max):
+        return "pairs"
+    return "ranks"
+
+
+def exact_input(op: str, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
+    """Rank ``rank``'s input for an exact check of ``op`` (see ``exact_pattern``)."""
+    import numpy as np
+
+    dt = resolve_dtype(dtype)
+    pattern = exact_pattern(op, world, dt)
+    i = np.arange(count, dtype=np.int64)
+    if pattern == "ranks":
+        values = i % 7 + (rank + 1)
+    elif pattern == "pairs":
+        values = (i + rank) % 2 + 1
+    else:
+        values = np.where((i + rank) % 7 == 0, 2, 1)
+    return values.astype(dt)
+
+
+def exact_expected(op: str, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
+    """The closed form of the all-reduce with ``op`` of ``exact_input`` over ``world`` ranks, in
+    ``dtype``, bit for bit (see ``exact_pattern``)."""
+    import numpy as np
+
+    dt = resolve_dtype(dtype)
+    pattern = exact_pattern(op, world, dt)
+    n = world
+    i = np.arange(count, dtype=np.int64)
+    if pattern == "powers":
+        j = (-i) % 7  # the ranks r with (r + i) % 7 == 0 are r = j, j + 7, ...
+        c = np.maximum(0, (n - j + 6) // 7)
+        out = np.empty(count, dtype=dt)
+        for power in np.unique(c).tolist():
+            out[c == power] = _power_of_two(int(power), dt)
+        return out
+    if pattern == "ranks":
+        k = i % 7
+        total = n * (n + 1) // 2 + n * k
+        low, high = 1 + k, n + k
+    else:
+        odd_ranks = np.where(i % 2 == 0, n // 2, (n + 1) // 2)  # ranks whose input is 2
+        total = n + odd_ranks
+        low = 1 + i % 2 if n == 1 else np.ones(count, dtype=np.int64)
+        high = 1 + i % 2 if n == 1 else np.full(count, 2, dtype=np.int64)
+    if op == "sum":
+        return total.astype(dt)  # integers wrap here as they do in the all-reduce
+    if op == "min":
+        return low.astype(dt)
+    if op == "max":
+        return high.astype(dt)
+    compute = _compute_dtype(dt)  # avg: float(sum) / float(n) in the compute type, rounded once
+    return (total.astype(compute) / compute.type(n)).astype(dt)
+
+
+def _power_of_two(power: int, dt: np.dtype) -> Any:
+    """2**power in ``dt``: wrapping in integer types (as numpy's multiplication), inf past a float's
+    range."""
+    import numpy as np
+
+    if _is_float(dt):
+        with np.errstate(over="ignore"):
+            return np.array(2.0**power if power < 1024 else math.inf, dtype=np.float64).astype(dt)[()]
+    bits = dt.itemsize * 8
+    value = (1 << power) % (1 << bits)
+    if dt.kind == "i" and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return dt.type(value)
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One of the all-reduces ``run_interleaved_sweep`` compares: a label (the codec, "none" without),
-    the in-place all-reduce and its inputs (``None``: ``ExactInputs``)."""
+    """One of the all-reduces ``run_interleaved_sweep`` compares: its codec ("none" without), the
+    in-place all-reduce and its inputs (``None``: ``ExactInputs(op)``), and what names its series:
+    ``library``, ``algorithm`` (copied into each ``Result``) and ``op`` (the ``redop`` column; the
+    all-reduce must reduce with it). ``before(x)`` / ``after(x)``, when given, run around every
+    iteration outside the timed region: ``before`` ahead of the barrier (after the input is re-filled),
+    ``after`` once the timed call returned and before the result is checked (e.g. copying ``x`` to a
+    GPU tensor and back)."""
 
     codec: str
     allreduce: AllReduceFn
     inputs: Inputs | None = None
+    library: str = ""
+    algorithm: str = ""
+    op: str = "sum"
+    before: HookFn | None = None
+    after: HookFn | None = None
+
+    @property
+    def label(self) -> str:
+        """The series' name (``variant_label``): ``pycoll/ring``, ``pycoll/direct/int8``, ``gloo``."""
+        return variant_label(self.library, self.algorithm, self.codec)
 
 
 def run_allreduce_sweep(
@@ -294,8 +539,9 @@ def run_allreduce_sweep(
     on_result: Callable[[Result], None] | None = None,
     inputs: Inputs | None = None,
     codec: str = "none",
+    op: str = "sum",
 ) -> list[Result]:
-    """Time an in-place sum all-reduce for each size of the sweep; every rank must call this.
+    """Time an in-place all-reduce (sum, or ``op``) for each size of the sweep; every rank must call this.
 
     ``allreduce(x)`` must reduce the numpy array ``x`` in place (its return value is ignored); within
     one size it is always given the same array object, so a wrapper may cache a view of it (e.g. a
@@ -310,7 +556,7 @@ def run_allreduce_sweep(
     ``inputs`` gives the inputs and judges results (``ExactInputs`` when ``None``); ``codec`` labels
     the results. Every rank returns the same list.
     """
-    variant = Variant(codec, allreduce, inputs)
+    variant = Variant(codec, allreduce, inputs, op=op)
     return run_interleaved_sweep(
         [variant],
         barrier,
@@ -345,12 +591,13 @@ def run_interleaved_sweep(
     dtype: DTypeLike = "float32",
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S,
     on_result: Callable[[Result], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> list[Result]:
     """``run_allreduce_sweep`` for several variants, interleaved: for each size every variant in turn
     (A B C, A B C, ...), so variants compared on a noisy machine are timed in the same minutes.
-    Returns the results size by size, variant by variant within a size."""
-    import numpy as np
-
+    Returns the results size by size, variant by variant within a size. ``progress(i, n, bytes,
+    variant)``, when given, is called before each variant of each size (i: index of the size, n: the
+    number of sizes); a ``ProgressLine`` draws it on a terminal."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is not in [0, {world})")
     if iters is not None and iters < 1:
@@ -359,28 +606,19 @@ def run_interleaved_sweep(
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if not variants:
         raise ValueError("no variants to time")
-    dt = np.dtype(dtype)
+    dt = resolve_dtype(dtype)
     results: list[Result] = []
-    for nbytes in sweep_sizes(min_bytes, max_bytes, factor):
+    sizes = sweep_sizes(min_bytes, max_bytes, factor)
+    for index, nbytes in enumerate(sizes):
         count = nbytes // dt.itemsize
         n_iters = iters if iters is not None else default_iters(nbytes)
         n_warmup = warmup if warmup is not None else default_warmup(nbytes)
         budget = time_budget_s if iters is None else None
         for variant in variants:
+            if progress is not None:
+                progress(index, len(sizes), nbytes, variant)
             result = _time_one_size(
-                variant.allreduce,
-                barrier,
-                reduce_max,
-                rank,
-                world,
-                count,
-                dt,
-                n_iters,
-                n_warmup,
-                check,
-                budget,
-                variant.inputs if variant.inputs is not None else ExactInputs(),
-                variant.codec,
+                variant, barrier, reduce_max, rank, world, count, dt, n_iters, n_warmup, check, budget
             )
             results.append(result)
             if on_result is not None:
@@ -389,7 +627,7 @@ def run_interleaved_sweep(
 
 
 def _time_one_size(
-    allreduce: AllReduceFn,
+    variant: Variant,
     barrier: BarrierFn,
     reduce_max: ReduceMaxFn,
     rank: int,
@@ -400,11 +638,11 @@ def _time_one_size(
     n_warmup: int,
     check: bool,
     budget_s: float | None,
-    inputs: Inputs,
-    codec: str,
 ) -> Result:
     import numpy as np
 
+    allreduce, before, after = variant.allreduce, variant.before, variant.after
+    inputs = variant.inputs if variant.inputs is not None else ExactInputs(variant.op)
     template = inputs.input(rank, world, count, dt)
     judge = inputs.judge(rank, world, count, dt) if check else None
     x = template.copy()
@@ -416,10 +654,14 @@ def _time_one_size(
         """One iteration: re-fill (when checking), barrier, timed all-reduce, check. Returns ns."""
         if check and not first:
             np.copyto(x, template)
+        if before is not None:
+            before(x)
         barrier()
         t0 = time.perf_counter_ns()
         allreduce(x)
         t1 = time.perf_counter_ns()
+        if after is not None:
+            after(x)
         if judge is not None:
             nonlocal worst_error, error_known
             wrong, error = judge(x)
@@ -466,10 +708,14 @@ def _time_one_size(
         time_us,
         world,
         wrong=n_wrong,
+        redop=variant.op,
         iters=n_iters,
         warmup=n_warmup,
-        codec=codec,
+        codec=variant.codec,
         rel_error=rel_error,
+        library=variant.library,
+        algorithm=variant.algorithm,
+        times_us=(slowest_ns / 1e3).tolist(),
     )
 
 
@@ -487,23 +733,49 @@ _COLUMNS = (
     ("busbw", "(GB/s)", 7),
     ("#wrong", "", 6),
 )
-# With a codec: which one, after redop, and the relative error, before #wrong (which stays last).
-_CODEC_COLUMNS = _COLUMNS[:4] + (("codec", "", 6),) + _COLUMNS[4:7] + (("error", "(rel)", 8),) + _COLUMNS[7:]
+#: With several libraries or algorithms: the series without its codec (``pycoll/ring``, ``gloo``),
+#: after redop.
+_VARIANT_COLUMN = ("variant", "", 14)
+#: With a codec: which one (after redop and variant) and the relative error (before #wrong, which
+#: stays last).
+_CODEC_COLUMN = ("codec", "", 6)
+_ERROR_COLUMN = ("error", "(rel)", 8)
 _COLUMN_SEP = "  "
 
 
-def _columns(codec_columns: bool) -> tuple[tuple[str, str, int], ...]:
-    return _CODEC_COLUMNS if codec_columns else _COLUMNS
+def _columns(codec_columns: bool, variant_column: bool = False) -> tuple[tuple[str, str, int], ...]:
+    head: list[tuple[str, str, int]] = list(_COLUMNS[:4])
+    if variant_column:
+        head.append(_VARIANT_COLUMN)
+    if codec_columns:
+        head.append(_CODEC_COLUMN)
+    head += _COLUMNS[4:7]
+    if codec_columns:
+        head.append(_ERROR_COLUMN)
+    return (*head, *_COLUMNS[7:])
 
 
-def _has_codec(results: Sequence[Result]) -> bool:
+def _has_codec(results: Sequence[Result] | Sequence[Variant]) -> bool:
     return any(r.codec != "none" for r in results)
 
 
-def format_header(title: str | None = None, *, codec_columns: bool = False) -> str:
+def _several_variants(results: Sequence[Result] | Sequence[Variant]) -> bool:
+    """True when the results come from more than one (library, algorithm): the variant column."""
+    return len({(r.library, r.algorithm) for r in results}) > 1
+
+
+def _series_name(result: Result, full: bool) -> str:
+    """How the footer names a result's series: the codec alone when only codecs differ."""
+    return result.label if full else result.codec
+
+
+def format_header(
+    title: str | None = None, *, codec_columns: bool = False, variant_column: bool = False
+) -> str:
     """The table's title (if any) and two header lines, each starting with '#' as in nccl-tests.
-    ``codec_columns`` adds the codec and its relative error (compressed runs)."""
-    columns = _columns(codec_columns)
+    ``codec_columns`` adds the codec and its relative error (compressed runs); ``variant_column`` the
+    library/algorithm of each row (several variants)."""
+    columns = _columns(codec_columns, variant_column)
     names = _COLUMN_SEP.join(f"{name:>{width}}" for name, _, width in columns)
     units = _COLUMN_SEP.join(f"{unit:>{width}}" for _, unit, width in columns)
     lines = [f"# {title}"] if title else []
@@ -515,73 +787,167 @@ def _format_error(error: float | None) -> str:
     return "N/A" if error is None else f"{error:.2e}"
 
 
-def format_row(result: Result, *, codec_columns: bool | None = None) -> str:
+def format_row(result: Result, *, codec_columns: bool | None = None, variant_column: bool = False) -> str:
     """One table line for ``result`` (with codec columns when ``codec_columns``; by default when
-    ``result`` was compressed)."""
+    ``result`` was compressed; with its library/algorithm when ``variant_column``)."""
     if codec_columns is None:
         codec_columns = result.codec != "none"
     wrong = "N/A" if result.wrong is None else str(result.wrong)
     time_us = f"{result.time_us:.2f}" if result.time_us < 1e6 else f"{result.time_us:.4g}"
     values: tuple[str, ...] = (str(result.bytes), str(result.count), result.dtype, result.redop)
+    if variant_column:
+        values += (variant_label(result.library, result.algorithm),)
     if codec_columns:
         values += (result.codec,)
     values += (time_us, f"{result.algbw_GBps:.2f}", f"{result.busbw_GBps:.2f}")
     if codec_columns:
         values += (_format_error(result.rel_error),)
     values += (wrong,)
-    cells = (f"{value:>{width}}" for value, (_, _, width) in zip(values, _columns(codec_columns)))
+    columns = _columns(codec_columns, variant_column)
+    cells = (f"{value:>{width}}" for value, (_, _, width) in zip(values, columns))
     return _COLUMN_SEP.join(cells)
 
 
 def format_footer(results: Sequence[Result]) -> str:
     """Summary lines: wrong-result count and average bus bandwidth, as nccl-tests ends its output.
 
-    With compressed results "out of bounds" counts elements outside the codec's error bound, and the
-    average bus bandwidth and the largest relative error are given per codec."""
+    With several series (codecs, libraries, algorithms) the average bus bandwidth is given per series
+    (named by the codec alone when only codecs differ), and with compressed results the largest
+    relative error too; "out of bounds" then also counts elements outside a codec's error bound."""
     known = [r.wrong for r in results if r.wrong is not None]
     wrong = str(sum(known)) if known else "N/A"
-    if not _has_codec(results):
+    full = _several_variants(results)
+    names = list(dict.fromkeys(_series_name(r, full) for r in results))
+    if len(names) <= 1 and not _has_codec(results):
         avg = statistics.fmean(r.busbw_GBps for r in results) if results else 0.0
         return f"# Out of bounds values : {wrong}\n# Avg bus bandwidth    : {avg:.3f}"
-    codecs = list(dict.fromkeys(r.codec for r in results))
     avgs, errors = [], []
-    for codec in codecs:
-        rows = [r for r in results if r.codec == codec]
-        avgs.append(f"{codec} {statistics.fmean(r.busbw_GBps for r in rows):.3f}")
+    for name in names:
+        rows = [r for r in results if _series_name(r, full) == name]
+        avgs.append(f"{name} {statistics.fmean(r.busbw_GBps for r in rows):.3f}")
         errs = [r.rel_error for r in rows]
         worst = None if any(e is None for e in errs) else max(e for e in errs if e is not None)
-        errors.append(f"{codec} {_format_error(worst)}")
-    return (
-        f"# Out of bounds values : {wrong}\n"
-        f"# Avg bus bandwidth    : {', '.join(avgs)}\n"
-        f"# Max rel. error       : {', '.join(errors)}"
-    )
+        errors.append(f"{name} {_format_error(worst)}")
+    lines = [f"# Out of bounds values : {wrong}", f"# Avg bus bandwidth    : {', '.join(avgs)}"]
+    if _has_codec(results):
+        lines.append(f"# Max rel. error       : {', '.join(errors)}")
+    return "\n".join(lines)
 
 
 def format_table(results: Sequence[Result], title: str | None = None) -> str:
-    """The whole table: header, one row per result, footer (codec columns if any result has a codec)."""
+    """The whole table: header, one row per result, footer (codec columns if any result has a codec,
+    the variant column if the results come from several libraries or algorithms)."""
     codec_columns = _has_codec(results)
-    parts = [format_header(title, codec_columns=codec_columns)]
-    parts += [format_row(r, codec_columns=codec_columns) for r in results]
+    variant_column = _several_variants(results)
+    parts = [format_header(title, codec_columns=codec_columns, variant_column=variant_column)]
+    parts += [format_row(r, codec_columns=codec_columns, variant_column=variant_column) for r in results]
     parts.append(format_footer(results))
     return "\n".join(parts)
 
 
 def result_to_dict(result: Result, **extra: Any) -> dict[str, Any]:
-    """``result`` as a JSON-ready dict, with ``extra`` keys (library, algorithm...) merged in."""
+    """``result`` as a JSON-ready dict, with ``extra`` keys (host, library_version...) merged in.
+
+    The ``Result`` fields win over ``extra``, except an empty ``library`` / ``algorithm`` (a caller
+    that did not name them in its variants), which ``extra`` may then give. ``label`` (the series'
+    name, ``variant_label``) is added; ``times_us`` is a list."""
     record = dict(extra)
-    record.update(asdict(result))
+    for key, value in asdict(result).items():
+        if key in ("library", "algorithm") and not value and key in extra:
+            continue
+        record[key] = list(value) if key == "times_us" else value
+    record["label"] = variant_label(record.get("library", ""), record.get("algorithm", ""), result.codec)
     return record
 
 
+_RESULT_FIELDS = tuple(f.name for f in fields(Result))
+
+
+def result_from_dict(record: Mapping[str, Any]) -> Result:
+    """The ``Result`` a JSON record (``result_to_dict``) was made from; other keys are ignored."""
+    values = {key: record[key] for key in _RESULT_FIELDS if key in record}
+    if "times_us" in values:
+        values["times_us"] = tuple(float(t) for t in values["times_us"])
+    return Result(**values)
+
+
 def format_json_lines(results: Iterable[Result], **extra: Any) -> str:
-    """One JSON object per line per result, each carrying ``extra`` (e.g. library="mpi")."""
+    """One JSON object per line per result, each carrying ``extra`` (e.g. host=...)."""
     return "".join(json.dumps(result_to_dict(r, **extra), sort_keys=True) + "\n" for r in results)
 
 
 def read_json_lines(text: str) -> list[dict[str, Any]]:
     """Parse what ``format_json_lines`` wrote (blank lines ignored)."""
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Progress on a terminal
+
+
+class ProgressLine:
+    """A one-line progress display for long sweeps, redrawn in place with a carriage return:
+
+        [ 37%]  size 5/15 (64 KiB)  pycoll/ring  float32 sum  12.3 s
+
+    Drawn only when ``enabled`` (default: when ``stream``, default stderr, is a terminal), so logs and
+    pipes get nothing. Call it as ``run_interleaved_sweep``'s ``progress``; ``context`` (e.g. the type
+    and op of the current sweep) is shown after the variant; ``total_steps`` (every (size, variant) of
+    every sweep) gives the percentage. ``clear()`` wipes the line (before printing a row) and
+    ``close()`` ends it."""
+
+    def __init__(
+        self,
+        total_steps: int = 0,
+        stream: IO[str] | None = None,
+        *,
+        enabled: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        if enabled is None:
+            isatty = getattr(self.stream, "isatty", None)
+            try:
+                enabled = bool(isatty()) if isatty is not None else False
+            except (OSError, ValueError):
+                enabled = False
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.context = ""
+        self.steps = 0
+        self._clock = clock
+        self._start = clock()
+        self._width = 0
+
+    def __call__(self, index: int, n_sizes: int, nbytes: int, variant: Variant) -> None:
+        self.steps += 1
+        if not self.enabled:
+            return
+        parts = []
+        if self.total_steps > 0:
+            parts.append(f"[{min(100, 100 * (self.steps - 1) // self.total_steps):3d}%]")
+        parts.append(f"size {index + 1}/{n_sizes} ({format_size(nbytes)})")
+        parts.append(variant.label)
+        if self.context:
+            parts.append(self.context)
+        parts.append(f"{self._clock() - self._start:.1f} s")
+        self._draw("  ".join(parts))
+
+    def _draw(self, text: str) -> None:
+        pad = max(0, self._width - len(text))
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self._width = len(text)
+
+    def clear(self) -> None:
+        """Wipe the line (the cursor goes back to its start)."""
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+    def close(self) -> None:
+        self.clear()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -720,38 +1086,72 @@ def run_and_report(
     args: argparse.Namespace,
     *,
     title: str,
-    meta: dict[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
     print_fn: Callable[[str], None] | None = None,
     variants: Sequence[Variant] | None = None,
+    sweeps: Sequence[tuple[DTypeLike, Sequence[Variant]]] | None = None,
+    record_meta: Callable[[Result], Mapping[str, Any]] | None = None,
+    progress: ProgressLine | None = None,
 ) -> list[Result]:
     """Run ``run_allreduce_sweep`` with the flags of ``add_sweep_arguments``; rank 0 prints the table
     row by row as sizes finish and, with ``--json FILE``, writes one JSON line per size carrying
-    ``meta`` (library, algorithm, versions...) besides the ``Result`` fields.
+    ``meta`` (host, versions...) and ``record_meta(result)`` besides the ``Result`` fields.
 
     With ``variants`` (then ``allreduce`` is ignored and may be None) they are timed interleaved
     (``run_interleaved_sweep``), one row per size and variant, with codec columns if any variant has a
-    codec."""
+    codec and the variant column if they come from several libraries or algorithms. ``sweeps``, a list
+    of (dtype, variants), runs one interleaved sweep after the other (e.g. one per type and op) into one
+    table. ``progress`` (used on rank 0 only) is drawn while the sweeps run and wiped before each row."""
     lead = rank == 0
     if print_fn is None:
         print_fn = _print_flush
-    if variants is None:
-        if allreduce is None:
-            raise ValueError("run_and_report needs allreduce or variants")
-        variants = [Variant("none", allreduce)]
-    codec_columns = any(v.codec != "none" for v in variants)
+    if sweeps is None:
+        if variants is None:
+            if allreduce is None:
+                raise ValueError("run_and_report needs allreduce, variants or sweeps")
+            variants = [Variant("none", allreduce)]
+        sweeps = [(getattr(args, "dtype", None) or "float32", variants)]
+    sweeps = [(dtype, list(group)) for dtype, group in sweeps if group]
+    if not sweeps:
+        raise ValueError("no variants to time")
+    every = [v for _, group in sweeps for v in group]
+    codec_columns = _has_codec(every)
+    variant_column = _several_variants(every)
+    kwargs = sweep_kwargs(args)
+    if not lead:
+        progress = None
+    if progress is not None:
+        n_sizes = len(sweep_sizes(kwargs["min_bytes"], kwargs["max_bytes"], kwargs["factor"]))
+        progress.total_steps = n_sizes * len(every)
 
     def show(result: Result) -> None:
         if lead:
-            print_fn(format_row(result, codec_columns=codec_columns))
+            if progress is not None:
+                progress.clear()
+            print_fn(format_row(result, codec_columns=codec_columns, variant_column=variant_column))
 
     if lead:
-        print_fn(format_header(title, codec_columns=codec_columns))
-    results = run_interleaved_sweep(
-        variants, barrier, reduce_max, rank, world, on_result=show, **sweep_kwargs(args)
-    )
+        print_fn(format_header(title, codec_columns=codec_columns, variant_column=variant_column))
+    results: list[Result] = []
+    try:
+        for dtype, group in sweeps:
+            if progress is not None:
+                ops = "/".join(dict.fromkeys(v.op for v in group))
+                progress.context = f"{resolve_dtype(dtype).name} {ops}"
+            results += run_interleaved_sweep(
+                group, barrier, reduce_max, rank, world, dtype=dtype, on_result=show, progress=progress,
+                **kwargs,
+            )
+    finally:
+        if progress is not None:
+            progress.close()
     if lead:
         print_fn(format_footer(results))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
-                f.write(format_json_lines(results, **(meta or {})))
+                for result in results:
+                    extra = dict(meta or {})
+                    if record_meta is not None:
+                        extra.update(record_meta(result))
+                    f.write(format_json_lines([result], **extra))
     return results

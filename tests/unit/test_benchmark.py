@@ -345,9 +345,19 @@ def test_json_lines_round_trip() -> None:
     text = bm.format_json_lines(results, library="mpi", algorithm="default")
     assert text.endswith("\n") and text.count("\n") == 1
     (record,) = bm.read_json_lines(text)
-    assert record["library"] == "mpi" and record["algorithm"] == "default"
-    assert bm.Result(**{k: v for k, v in record.items() if k not in ("library", "algorithm")}) == results[0]
+    assert record["library"] == "mpi" and record["algorithm"] == "default" and record["label"] == "mpi"
+    assert bm.result_from_dict({**record, "library": "", "algorithm": ""}) == results[0]
     json.dumps(record)
+    # a result that names its series keeps it; times_us survive the round trip
+    named = bm.make_result(
+        4096, 1024, np.float32, 2.5, 2, wrong=0, library="pycoll", algorithm="ring", codec="int8",
+        times_us=[2.0, 2.5, 3.0],
+    )
+    (record,) = bm.read_json_lines(bm.format_json_lines([named], library="x", host="h"))
+    assert (record["library"], record["algorithm"], record["codec"]) == ("pycoll", "ring", "int8")
+    assert record["label"] == "pycoll/ring/int8" and record["host"] == "h"
+    assert record["times_us"] == [2.0, 2.5, 3.0]
+    assert bm.result_from_dict(record) == named
 
 
 def test_run_and_report(tmp_path: Path) -> None:
@@ -442,18 +452,23 @@ def test_benchmark_module_imports_nothing_from_pycoll() -> None:
             assert node.level == 0 and (node.module or "").split(".")[0] != "pycoll"
 
 
-def test_baselines_load_the_module_standalone() -> None:
+@pytest.mark.parametrize("script", ["gloo_allreduce.py", "mpi_allreduce.py"])
+def test_baseline_scripts_take_the_sweep_flags(script: str) -> None:
+    """The scripts in bench/baselines are thin wrappers over pycoll/baselines.py: --help needs neither
+    torch nor MPI started, and lists the flags of pycoll bench's sweep."""
     import subprocess
     import sys
 
-    code = (
-        "import sys; sys.path.insert(0, 'bench/baselines'); from _common import load_benchmark; "
-        "bm = load_benchmark(); assert 'pycoll' not in sys.modules, sorted(sys.modules); "
-        "print(bm.format_size(4096))"
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "baselines" / script), "--help"],
+        cwd=REPO / "bench",
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "4 KiB"
+    for flag in ("--minbytes", "--maxbytes", "--iters", "--json", "--op", "--datatype"):
+        assert flag in out.stdout
 
 
 def test_time_budget_lowers_automatic_iteration_counts() -> None:

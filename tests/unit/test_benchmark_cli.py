@@ -21,7 +21,9 @@ def test_defaults() -> None:
     assert args.ranks == 4
     assert (args.minbytes, args.maxbytes, args.stepfactor) == (4096, 64 << 20, 2)
     assert args.iters is None and args.warmup_iters is None
-    assert args.check == 1 and args.algorithm == "auto" and not args.worker and args.json is None
+    assert args.check == 1 and args.algorithm == ["auto"] and not args.worker and args.json is None
+    assert args.op == ["sum"] and args.datatype == ["float32"] and args.compression == ["none"]
+    assert args.baseline == [] and args.plot is None and args.progress == "auto"
 
 
 def test_worker_arguments_round_trip(tmp_path: Path) -> None:
@@ -107,7 +109,7 @@ def test_worker_arguments_carry_compression() -> None:
     argv = bench.worker_arguments(args)
     assert argv[-2:] == ["--compression", "none,int8"]
     again = parser.parse_args(["--worker", *argv])
-    assert again.compression == ["none", "int8"] and again.algorithm == "tree"
+    assert again.compression == ["none", "int8"] and again.algorithm == ["tree"]
     assert "--compression" not in bench.worker_arguments(parser.parse_args([]))
 
 
