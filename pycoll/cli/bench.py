@@ -215,6 +215,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="progress line on stderr: auto = when stderr is a terminal (auto)",
     )
     parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="instead of a table: time ring, direct and tree (uncompressed and int8) on 2..N ranks, fit "
+        "the cost model's shared-memory parameters to them and save them for algorithm/compression "
+        "auto (pycoll.tuning; -b/-e set the sizes)",
+    )
+    parser.add_argument(
         "--worker",
         action="store_true",
         help="run as one rank of a job already started by a launcher (pycoll run, torchrun, mpirun) "
@@ -311,6 +318,8 @@ def launch_command(args: argparse.Namespace) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``pycoll bench`` with parsed ``args``; returns the process exit code."""
+    if getattr(args, "calibrate", False) and not args.worker:
+        return _calibrate(args)
     problem = check_arguments(args)
     if problem:
         print(f"pycoll bench: error: {problem}", file=sys.stderr)
@@ -334,6 +343,30 @@ def main(args: argparse.Namespace) -> int:
     from pycoll.cli.run import launch
 
     return launch(args.ranks, cmd)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """``--calibrate``: pycoll.tuning.calibrate on world sizes 2..--ranks, saved to this host's file."""
+    from pycoll.tuning.calibrate import fit as fit_model
+    from pycoll.tuning.calibrate import format_fit, measure, save_model
+
+    if args.ranks < 2:
+        print(f"pycoll bench: --calibrate needs --ranks >= 2, got {args.ranks}", file=sys.stderr)
+        return 2
+    try:
+        points = measure(
+            range(2, args.ranks + 1),
+            min_bytes=args.minbytes,
+            max_bytes=args.maxbytes,
+            log=lambda line: print(f"pycoll bench --calibrate: {line}", file=sys.stderr, flush=True),
+        )
+    except RuntimeError as exc:
+        print(f"pycoll bench: {exc}", file=sys.stderr)
+        return 1
+    model, report = fit_model(points)
+    print(format_fit(report))
+    print(f"saved to {save_model(model, report)} (PYCOLL_TUNING_FILE overrides; =none ignores it)")
+    return 0
 
 
 def _isatty(stream: Any) -> bool:

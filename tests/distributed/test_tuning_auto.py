@@ -4,6 +4,10 @@ what auto runs is exactly what the model chose (bitwise the same result as the e
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +16,7 @@ from _inputs import digest
 import pycoll
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning import Model
-from pycoll.tuning.calibrate import model_to_dict
+from pycoll.tuning.calibrate import load_model, model_to_dict
 
 
 def gaussian(rank: int, count: int, seed: int) -> np.ndarray:
@@ -86,3 +90,52 @@ def test_auto_compression_runs_the_models_choice(rank_pool, world):
     assert results[0][(300_000, 1e-2)][0] == "int8"
     assert results[0][(300_000, 1e-3)][0] == "fp16"
     assert results[0][(300_000, 1e-6)][0] == "none"
+
+
+def body_calibrated(comm, rank, world, path):
+    x = np.full(1 << 16, rank + 1, dtype=np.float32)
+    pycoll.allreduce(x)  # auto, by the calibrated model
+    assert (x == world * (world + 1) / 2).all()
+    return comm.model.origin, comm.model.choose_algorithm("allreduce", world, 1 << 20)
+
+
+def test_a_calibration_file_steers_auto(tmp_path):
+    """A saved calibration (here one that makes the tree 100x more efficient) is what every rank's auto
+    chooses by."""
+    from harness import RankPool
+
+    from pycoll.tuning.calibrate import save_model
+
+    base = Model.for_link("shm", workers=2)
+    steering = replace(base, link=replace(base.link, efficiency={"tree": 100.0}), _cache={})
+    path = save_model(steering, {}, tmp_path / "tuning.json")
+    with RankPool(2, env={"PYCOLL_TUNING_FILE": str(path)}) as pool:
+        results = pool.run(body_calibrated, str(path), timeout=60)
+    assert results == [(str(path), "tree")] * 2
+
+
+def test_bench_calibrate_writes_a_calibration(tmp_path):
+    path = tmp_path / "tuning.json"
+    env = {**os.environ, "PYCOLL_TUNING_FILE": str(path)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pycoll.cli.main",
+        "bench",
+        "--calibrate",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "256K",
+    ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "fitted parameters" in out.stdout and f"saved to {path}" in out.stdout
+    model = load_model(path)
+    assert model is not None and model.origin == str(path)
+    data = json.loads(path.read_text())
+    assert {p["algorithm"] for p in data["fit"]["points"]} == {"ring", "direct", "tree"}
+    assert {p["bytes"] for p in data["fit"]["points"]} == {65536, 262144}
+    assert all(v > 0 for v in data["fit"]["parameters"].values())

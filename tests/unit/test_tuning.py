@@ -319,3 +319,7 @@ def test_model_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "nvlink4" in capsys.readouterr().out
     assert main(["model", "--link", "token-ring"]) == 2
     assert "unknown link" in capsys.readouterr().err
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (a test extra)")
+    png = tmp_path / "model.png"
+    assert main(["model", "--link", "ib_hdr", "--ranks", "4", "-e", "64K", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
