@@ -3,11 +3,10 @@
 ``pycoll bench --calibrate`` (or ``python -m pycoll.tuning.calibrate``) times pycoll's all-reduce over
 shared memory for every algorithm (and the codecs), on several world sizes, sizes 4 KiB..64 MiB, with the
 timing loop of ``pycoll bench`` (pycoll/benchmark.py: slowest rank, median over iterations, variants
-interleaved size by size). It then fits the shared-memory link and CPU parameters of
-``pycoll.tuning.links`` — per-step latency ``alpha_s``, per-rank copy bandwidth ``copy_Bps``, host memory
-bandwidth ``host_copy_Bps``, the per-algorithm ``efficiency`` and one factor on the codecs' rates — by
-least squares on log(time) (Nelder-Mead, sizes of 1 MiB and up weighted double: that is where the
-bandwidth parameters show), and saves them as JSON to ``tuning_file()``
+interleaved size by size; rounds interleaved, median per point). It then fits the shared-memory link
+and CPU parameters of ``pycoll.tuning.links`` (``fit``: latency, copy and memory bandwidth, cache size,
+per-algorithm efficiencies, a factor on the codecs' rates) by robust least squares on log(time)
+(scipy; sizes of 1 MiB and up weighted double), and saves them as JSON to ``tuning_file()``
 (``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``). ``load_model`` reads them back for
 ``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored.
 """
@@ -31,7 +30,7 @@ import numpy as np
 
 from pycoll.benchmark import parse_size
 from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
-from pycoll.tuning.model import Model, Timing, plan_costs
+from pycoll.tuning.model import C_ALPHA, C_DECODED, C_ENCODED, C_MESSAGE, C_TRAFFIC, Model, plan_costs
 
 __all__ = [
     "Measurement",
@@ -115,104 +114,6 @@ def _usable_cpus() -> int:
 # ---------------------------------------------------------------------------------------------------
 # Fitting.
 
-# (name, getter, setter) of each fitted parameter; all are positive and fitted in log space.
-_Param = tuple[
-    str,
-    Callable[[LinkProfile, DeviceProfile], float],
-    Callable[[LinkProfile, DeviceProfile, float], tuple[LinkProfile, DeviceProfile]],
-]
-
-
-def _params(algorithms: Sequence[str], with_codecs: bool) -> list[_Param]:
-    params: list[_Param] = [
-        (
-            "cache_bytes",
-            lambda lk, dv: float(dv.cache_bytes or 32 << 20),
-            lambda lk, dv, v: (lk, replace(dv, cache_bytes=int(v))),
-        ),
-        ("alpha_s", lambda lk, dv: lk.alpha_s, lambda lk, dv, v: (replace(lk, alpha_s=v), dv)),
-        ("copy_Bps", lambda lk, dv: dv.copy_Bps, lambda lk, dv, v: (lk, replace(dv, copy_Bps=v))),
-        (
-            "memory_Bps",
-            lambda lk, dv: dv.memory_Bps or dv.host_copy_Bps or dv.copy_Bps,
-            lambda lk, dv, v: (lk, replace(dv, memory_Bps=v)),
-        ),
-        (
-            "host_copy_Bps",
-            lambda lk, dv: dv.host_copy_Bps or 2 * dv.copy_Bps,
-            lambda lk, dv, v: (lk, replace(dv, host_copy_Bps=v)),
-        ),
-    ]
-    # The first algorithm's efficiency stays 1 (the bandwidths carry its scale); the others are relative.
-    for algorithm in algorithms[1:]:
-
-        def get(lk: LinkProfile, dv: DeviceProfile, a: str = algorithm) -> float:
-            return lk.efficiency.get(a, 1.0)
-
-        def put(
-            lk: LinkProfile, dv: DeviceProfile, v: float, a: str = algorithm
-        ) -> tuple[LinkProfile, DeviceProfile]:
-            return replace(lk, efficiency={**lk.efficiency, a: v}), dv
-
-        params.append((f"efficiency[{algorithm}]", get, put))
-
-        def get_memory(lk: LinkProfile, dv: DeviceProfile, a: str = algorithm) -> float:
-            return lk.memory_efficiency.get(a, 1.0)
-
-        def put_memory(
-            lk: LinkProfile, dv: DeviceProfile, v: float, a: str = algorithm
-        ) -> tuple[LinkProfile, DeviceProfile]:
-            return replace(lk, memory_efficiency={**lk.memory_efficiency, a: v}), dv
-
-        params.append((f"memory_efficiency[{algorithm}]", get_memory, put_memory))
-    if with_codecs:
-
-        def get_codec_scale(lk: LinkProfile, dv: DeviceProfile) -> float:
-            return 1.0
-
-        def put_codec_scale(
-            lk: LinkProfile, dv: DeviceProfile, v: float
-        ) -> tuple[LinkProfile, DeviceProfile]:
-            rates = {k: (e * v, d * v) for k, (e, d) in dv.codec_Bps.items()}
-            return lk, replace(dv, codec_Bps=rates)
-
-        params.append(("codec_scale", get_codec_scale, put_codec_scale))
-    return params
-
-
-def _nelder_mead(
-    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.5, iters: int = 400
-) -> np.ndarray:
-    """Minimise ``f`` from ``x0`` (a plain Nelder-Mead simplex; numpy only)."""
-    n = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        if abs(values[-1] - values[0]) < 1e-10:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        reflected = centroid + (centroid - simplex[-1])
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = centroid + 2 * (centroid - simplex[-1])
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                best = simplex[0]
-                simplex = [best] + [best + 0.5 * (x - best) for x in simplex[1:]]
-                values = [values[0]] + [f(x) for x in simplex[1:]]
-    return simplex[int(np.argmin(values))]
-
 
 def fit(
     measurements: Sequence[Measurement], base: Model | None = None, *, workers: int | None = None
@@ -220,77 +121,153 @@ def fit(
     """The shared-memory model whose predictions best match ``measurements`` (see the module docstring),
     and a report: fitted values, and the relative error of every point.
 
-    A prediction is the larger of the critical path and the host-memory bound, each a sum of components
-    over the parameters (``Model.timing``). Which ops form the critical path depends on the parameters
-    only a little, so the fit alternates: run the plans at the current parameters to get every point's
-    composition, fit the parameters to those compositions (cheap: no plans run), and again, 4 times."""
+    A prediction is ``Model.weights . composition`` of the plans' critical path (``Model.timing``), and
+    which ops form that path depends on the parameters only a little. So the fit alternates: run the
+    plans at the current parameters to get every point's composition, fit the parameters to those
+    compositions (cheap: no plans run), and again, 4 times.
+
+    Fitted: the last-level cache size, alpha and the extra cost of a hop when ranks outnumber cores,
+    the per-rank copy bandwidth, the memory bandwidth, one factor on the codec rates, and for every
+    algorithm and measured world size but the reference (the ring on the fewest ranks) an efficiency
+    in cache and one beyond it ("tree@2"); an algorithm's factors at the largest measured world also
+    stand for larger worlds."""
     measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
     if base is None:
         link = link_named("shm")
-        device = replace(device_for(link, workers or _usable_cpus()), cache_bytes=last_level_cache_bytes())
-        base = Model(link, device, shm_segment_bytes(2))
-    if base.device.memory_Bps is None:
-        base = replace(base, device=replace(base.device, memory_Bps=base.device.host_copy_Bps))
-    algorithms = sorted({m.algorithm for m in measurements}, key=lambda a: (a != "ring", a))
-    params = _params(algorithms, any(m.codec != "none" for m in measurements))
+        device = device_for(link, workers or _usable_cpus())
+        base = Model(
+            link,
+            replace(device, cache_bytes=last_level_cache_bytes() or device.cache_bytes),
+            shm_segment_bytes(2),
+        )
+    device = base.device
+    workers_n = device.workers or 1
+    kinds = sorted({_layout(m.codec)[0] for m in measurements} - {"none"})
+    # Every (algorithm, world) but the reference, the ring on the fewest ranks, gets its own efficiencies.
+    reference = ("ring", min(m.world for m in measurements))
+    others = sorted({(m.algorithm, m.world) for m in measurements} - {reference})
+    names = ["cache_bytes", "alpha_s", "copy_Bps", "memory_Bps", "codec_scale", "switch_s", "message_s"]
+    names += [f"efficiency[{a}@{w}]" for a, w in others] + [f"memory_efficiency[{a}@{w}]" for a, w in others]
+    start = [float(device.cache_bytes or 32 << 20), base.link.alpha_s, device.copy_Bps]
+    start += [device.memory_Bps or device.copy_Bps, 1.0, device.switch_s or 5e-6, device.message_s or 1e-6]
+    x = np.log(start + [1.0] * (2 * len(others)))
+
     points = []
     for m in measurements:
         kind, bpe, block = _layout(m.codec)
-        seg = shm_segment_bytes(m.world)
-        costs = plan_costs("allreduce", m.algorithm, m.world, m.bytes // 4, 4, seg, bpe, block)
-        weight = 2.0 if m.bytes >= LARGE_BYTES else 1.0
-        points.append((m, kind, costs, weight))
+        costs = plan_costs(
+            "allreduce", m.algorithm, m.world, m.bytes // 4, 4, shm_segment_bytes(m.world), bpe, block
+        )
+        points.append((m, kind, costs))
+    world = np.array([m.world for m, *_ in points], dtype=float)
+    nbytes = np.array([m.bytes for m, *_ in points], dtype=float)
+    share = np.maximum(1.0, world / workers_n)
+    active = np.minimum(world, workers_n)
+    pairs = [(m.algorithm, m.world) for m, *_ in points]
+    slot = np.array([0 if pair == reference else 1 + others.index(pair) for pair in pairs])
+    encode = np.array([device.codec_rates(k)[0] if k != "none" else np.inf for _, k, _ in points])
+    decode = np.array([device.codec_rates(k)[1] if k != "none" else np.inf for _, k, _ in points])
+    measured = np.log([m.time_s for m, *_ in points])
+    weight = np.array([2.0 if m.bytes >= LARGE_BYTES else 1.0 for m, *_ in points])
+    n_other = len(others)
 
-    def model_at(x: np.ndarray) -> Model:
-        link, device = base.link, base.device
-        for (_, _, put), v in zip(params, np.exp(x)):
-            link, device = put(link, device, float(v))
-        return replace(base, link=link, device=device, _cache={})
+    def model_at(v: np.ndarray) -> Model:
+        e = np.exp(v)
+        eff = {f"{a}@{w}": float(e[7 + k]) for k, (a, w) in enumerate(others)}
+        meff = {f"{a}@{w}": float(e[7 + n_other + k]) for k, (a, w) in enumerate(others)}
+        eff[f"{reference[0]}@{reference[1]}"] = meff[f"{reference[0]}@{reference[1]}"] = 1.0
+        for a in {a for a, _ in others}:  # the largest measured world stands for larger ones
+            top = max(w for b, w in [*others, reference] if b == a)
+            eff[a], meff[a] = eff[f"{a}@{top}"], meff[f"{a}@{top}"]
+        link = replace(base.link, alpha_s=float(e[1]), efficiency=eff, memory_efficiency=meff)
+        rates = {k: (r[0] * float(e[4]), r[1] * float(e[4])) for k, r in device.codec_Bps.items()}
+        dev = replace(
+            device,
+            cache_bytes=int(e[0]),
+            copy_Bps=float(e[2]),
+            memory_Bps=float(e[3]),
+            codec_Bps=rates,
+            switch_s=float(e[5]),
+            message_s=float(e[6]),
+        )
+        return replace(base, link=link, device=dev, _cache={})
 
-    def timings(model: Model) -> list[Timing]:
-        out = []
-        for m, kind, costs, _ in points:
+    def timings(model: Model) -> np.ndarray:
+        rows = []
+        for m, kind, costs in points:
             at = replace(
                 model, segment_bytes=shm_segment_bytes(m.world), fragment_bytes=shm_fragment_bytes(m.world)
             )
-            out.append(at.timing(costs, m.algorithm, m.world, kind, m.bytes))
-        return out
+            t = at.timing(costs, m.algorithm, m.world, kind, m.bytes)
+            rows.append([*t.path, t.extra])
+        return np.array(rows)
 
-    def predicted(model: Model, fixed: Sequence[Timing]) -> np.ndarray:
-        """Every point's time at ``model``'s parameters with the compositions ``fixed``."""
-        out = np.empty(len(points))
-        for k, ((m, kind, _, _), t) in enumerate(zip(points, fixed)):
-            path = float(model.weights(m.algorithm, m.world, kind) @ t.path)
-            out[k] = max(path, model.host_time(t.host, m.algorithm)) + t.extra
-        return out
+    def predicted(v: np.ndarray, comp: np.ndarray) -> np.ndarray:
+        """Every point's time at parameters ``v`` with the compositions ``comp`` (Model.weights, in
+        numpy over all points at once)."""
+        e = np.exp(v)
+        eff = np.concatenate([[1.0], e[7 : 7 + n_other]])[slot]
+        meff = np.concatenate([[1.0], e[7 + n_other :]])[slot]
+        miss = np.maximum(0.0, 1.0 - e[0] / np.maximum(world * nbytes, 1.0))
+        traffic_s = (1 - miss) / (e[2] * eff) + miss * active / (e[3] * meff)
+        message = share * (e[6] + e[5] * (1.0 - 1.0 / share))
+        return (
+            e[1] * comp[:, C_ALPHA]
+            + message * comp[:, C_MESSAGE]
+            + share * traffic_s * comp[:, C_TRAFFIC]
+            + share * comp[:, C_ENCODED] / (encode * e[4] * eff)
+            + share * comp[:, C_DECODED] / (decode * e[4] * eff)
+            + comp[:, -1]
+        )
 
-    measured = np.log([m.time_s for m, *_ in points])
-    weights = np.array([w for *_, w in points])
+    try:
+        from scipy.optimize import least_squares
+    except ImportError as exc:
+        raise ImportError("calibration fits with scipy: pip install scipy") from exc
+    root_weight = np.sqrt(weight)
 
-    def loss_with(fixed: Sequence[Timing]) -> Callable[[np.ndarray], float]:
-        def loss(x: np.ndarray) -> float:
-            return float(weights @ (np.log(predicted(model_at(x), fixed)) - measured) ** 2)
+    def refine(v: np.ndarray) -> tuple[np.ndarray, float]:
+        for _ in range(4):
+            comp = timings(model_at(v))
+            # Robust (soft L1) least squares on log time: a point the machine disturbed does not drag
+            # the fit far.
+            result = least_squares(
+                lambda u, comp=comp: root_weight * (np.log(predicted(u, comp)) - measured),
+                v,
+                loss="soft_l1",
+                f_scale=0.3,
+                bounds=(v - 7, v + 7),
+            )
+            v = result.x
+        return v, float(result.cost)
 
-        return loss
-
-    x = np.log([get(base.link, base.device) for _, get, _ in params])
-    for _ in range(4):
-        fixed = timings(model_at(x))
-        x = _nelder_mead(loss_with(fixed), x)
-        x = _nelder_mead(loss_with(fixed), x, step=0.1)  # restart: the simplex may have collapsed early
+    # A few starts for the latency terms (alpha, switch, message), which trade off against each other.
+    starts = []
+    for alpha, switch, message in ((2e-6, 5e-6, 1e-6), (5e-6, 1e-7, 1e-7), (1e-7, 2e-5, 3e-6)):
+        guess = x.copy()
+        guess[[1, 5, 6]] = np.log([alpha, switch, message])
+        starts.append(refine(guess))
+    x = min(starts, key=lambda pair: pair[1])[0]
     model = replace(model_at(x), origin="calibrated")
     final = timings(model)
-    rows = []
-    for (m, *_), t in zip(points, final):
-        rows.append({**m.__dict__, "predicted_s": t.time_s, "rel_error": t.time_s / m.time_s - 1})
-    errors = np.log([t.time_s for t in final]) - measured
+    times = np.array(
+        [
+            model.weights(m.algorithm, m.world, k, m.bytes) @ row[:-1] + row[-1]
+            for (m, k, _), row in zip(points, final)
+        ]
+    )
+    rows = [
+        {**m.__dict__, "predicted_s": float(t), "rel_error": float(t / m.time_s - 1)}
+        for (m, *_), t in zip(points, times)
+    ]
+    errors = np.log(times) - measured
     report = {
-        "parameters": {name: float(v) for (name, _, _), v in zip(params, np.exp(x))},
-        "cache_bytes": model.device.cache_bytes,
+        "parameters": dict(zip(names, map(float, np.exp(x)))),
+        "codecs": kinds,
         "points": rows,
-        "rms_log_error": math.sqrt(float(weights @ errors**2) / float(weights.sum())),
+        "rms_log_error": math.sqrt(float(weight @ errors**2) / float(weight.sum())),
     }
     return model, report
 
@@ -442,34 +419,90 @@ def measure(
     env: dict[str, str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[Measurement]:
+    """``measure_rounds``, and the median over the rounds of each point."""
+    return median_of(
+        measure_rounds(
+            worlds,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            factor=factor,
+            algorithms=algorithms,
+            codecs=codecs,
+            rounds=rounds,
+            error_budget=error_budget,
+            env=env,
+            log=log,
+        )
+    )
+
+
+def median_of(rounds: Sequence[Sequence[Measurement]]) -> list[Measurement]:
+    """Each point's median time over ``rounds``."""
+    samples: dict[tuple[int, str, str, int], list[float]] = {}
+    for points in rounds:
+        for m in points:
+            samples.setdefault((m.world, m.algorithm, m.codec, m.bytes), []).append(m.time_s)
+    return [Measurement(w, a, c, b, float(np.median(t))) for (w, a, c, b), t in samples.items()]
+
+
+def measure_rounds(
+    worlds: Sequence[int] = DEFAULT_WORLDS,
+    *,
+    min_bytes: int = 4096,
+    max_bytes: int = 64 << 20,
+    factor: int = 4,
+    algorithms: Sequence[str] = ALGORITHMS,
+    codecs: Sequence[str] = DEFAULT_CODECS,
+    rounds: int = 3,
+    error_budget: float = 1e-2,
+    env: dict[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[list[Measurement]]:
     """Time every (algorithm, codec) at every size on each of ``worlds`` local ranks: one job per world
-    size and round, rounds interleaved (w2 w3 w4, w2 w3 w4, ...: DESIGN.md, "Measuring"), and the
-    median over rounds of each point. ``algorithms`` may include "auto" and ``codecs`` "auto"
-    (``compression="auto"`` with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a
-    ``PYCOLL_TUNING_FILE`` for auto to choose by)."""
+    size and round, rounds interleaved (w2 w3 w4, w2 w3 w4, ...: DESIGN.md, "Measuring"); the points
+    of each round. ``algorithms`` may include "auto" and ``codecs`` "auto" (``compression="auto"``
+    with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a ``PYCOLL_TUNING_FILE``
+    for auto to choose by)."""
     from pycoll.cli.run import launch
 
-    samples: dict[tuple[int, str, str, int], list[float]] = {}
+    out: list[list[Measurement]] = []
     with tempfile.TemporaryDirectory(prefix="pycoll-calibrate-") as tmp:
         for round_ in range(rounds):
+            points: list[Measurement] = []
             for world in worlds:
                 path = os.path.join(tmp, f"world{world}-{round_}.jsonl")
-                cmd = [sys.executable, "-m", "pycoll.tuning.calibrate", "--worker", "--out", path,
-                       "-b", str(min_bytes), "-e", str(max_bytes), "-f", str(factor),
-                       "--algorithms", ",".join(algorithms), "--codecs", ",".join(codecs),
-                       "--error-budget", repr(error_budget)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "pycoll.tuning.calibrate",
+                    "--worker",
+                    "--out",
+                    path,
+                    "-b",
+                    str(min_bytes),
+                    "-e",
+                    str(max_bytes),
+                    "-f",
+                    str(factor),
+                    "--algorithms",
+                    ",".join(algorithms),
+                    "--codecs",
+                    ",".join(codecs),
+                    "--error-budget",
+                    repr(error_budget),
+                ]
                 if log:
-                    log(f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
-                        f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes")  # fmt: skip
+                    log(
+                        f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
+                        f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes"
+                    )
                 code = launch(world, cmd, env=None if env is None else {**os.environ, **env})
                 if code != 0:
                     raise RuntimeError(f"the calibration job on {world} ranks failed (exit code {code})")
                 with open(path, encoding="utf-8") as f:
-                    for line in f:
-                        if line.strip():
-                            m = Measurement(**json.loads(line))
-                            samples.setdefault((m.world, m.algorithm, m.codec, m.bytes), []).append(m.time_s)
-    return [Measurement(w, a, c, b, float(np.median(t))) for (w, a, c, b), t in samples.items()]
+                    points.extend(Measurement(**json.loads(line)) for line in f if line.strip())
+            out.append(points)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -530,7 +563,7 @@ def format_fit(report: dict[str, Any]) -> str:
     for name, value in report["parameters"].items():
         if name.endswith("Bps"):
             lines.append(f"  {name:<22} {value / 1e9:10.2f} GB/s")
-        elif name == "alpha_s":
+        elif name.endswith("_s"):
             lines.append(f"  {name:<22} {value * 1e6:10.2f} us")
         else:
             lines.append(f"  {name:<22} {value:10.3f}")

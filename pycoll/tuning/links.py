@@ -3,9 +3,9 @@
 A *link* is what carries a rank's messages: ``alpha_s`` (seconds one plan step costs however little it
 moves: hand-over, wake-up, kernel launch, network round trip) and ``beta_Bps`` (bytes per second one
 rank sends, and on a full-duplex link receives at the same time). A *device* is what does the work at
-a rank: ``copy_Bps`` (bytes per second of memory traffic one rank's copies and reductions achieve),
-``host_copy_Bps`` (the memory bandwidth all ranks of one host share), the codecs' throughput, and
-``workers`` (CPU cores; more ranks than cores time-share them).
+a rank: ``copy_Bps`` (bytes per second of memory traffic one rank's copies and reductions achieve in
+cache), the codecs' throughput, ``workers`` (CPU cores; more ranks than cores time-share them) and, for
+ranks sharing a host, its last-level cache and memory bandwidth (``cache_bytes``, ``memory_Bps``).
 
 Shared memory has no wire: a rank's own core copies each message into its peer's slot and the peer's
 core copies or reduces it out, so the whole cost is memory traffic on the devices (``beta_Bps`` is
@@ -86,10 +86,8 @@ class DeviceProfile:
     """What one rank's device does per second."""
 
     name: str
-    #: Bytes of memory traffic per second one rank's copies and reductions achieve.
+    #: Bytes of memory traffic per second one rank's copies and reductions achieve (in cache).
     copy_Bps: float
-    #: The memory bandwidth all ranks of one host share (None: each rank has its own, as GPUs do).
-    host_copy_Bps: float | None
     #: Codec name -> (encode, decode-accumulate) throughput in float32 input bytes per second.
     codec_Bps: dict[str, tuple[float, float]]
     #: Ranks that can run at once (CPU cores); None: one device per rank.
@@ -97,8 +95,14 @@ class DeviceProfile:
     source: str = ""
     #: Fixed seconds a step that encodes or decodes costs on top (GPU: launching the codec kernels).
     codec_step_s: float = 0.0
+    #: Core time a message taken in costs (the hand-over: polling, waking up), and on top of it, when
+    #: ranks outnumber cores, ``switch_s`` scaled by the share of ranks without a core of their own
+    #: (1 - cores / ranks): a waiting rank then sleeps and must be switched in again.
+    message_s: float = 0.0
+    switch_s: float = 0.0
     #: Memory bandwidth (bytes of traffic per second) of the whole host beyond its last-level cache,
-    #: and that cache's size; None where ranks do not share a host's memory.
+    #: which the ranks running at once divide, and that cache's size; None where ranks do not share a
+    #: host's memory (GPUs: ``copy_Bps`` is their own memory's).
     memory_Bps: float | None = None
     cache_bytes: int | None = None
 
@@ -127,7 +131,6 @@ def _gpu(name: str, hbm_Bps: float, source: str) -> DeviceProfile:
     return DeviceProfile(
         name=name,
         copy_Bps=0.8 * hbm_Bps,
-        host_copy_Bps=None,
         codec_Bps={"fp16": codec, "bf16": codec, "int8": codec, "int4": codec},
         workers=None,
         source=source,
@@ -140,7 +143,6 @@ def _gpu(name: str, hbm_Bps: float, source: str) -> DeviceProfile:
 CPU_DEFAULT = DeviceProfile(
     name="cpu",
     copy_Bps=11.0 * GB,
-    host_copy_Bps=22.0 * GB,
     codec_Bps={
         "fp16": (13.0 * GB, 9.5 * GB),
         "bf16": (12.2 * GB, 10.3 * GB),

@@ -10,26 +10,23 @@ plan step of each rank, counts what the step moves and computes:
                      3x or 4x, a forwarding receive 3x; compressed ops instead count
     encoded, decoded float32 bytes going through the codec's encode and decode(-accumulate) kernels
 
-Over a whole collective each rank keeps three resources busy: its device for
+The ops of every rank are then run in the executor's order (``critical_path``): a rank's ops use its
+device one after another for
 
-    compute = traffic / copy + encoded / encode + decoded / decode   (times world / cores when more
-              ranks than cores share one host; plus a fixed cost per coding step on GPUs)
+    traffic / copy + encoded / encode + decoded / decode
 
-and, on a link with a wire (shared memory has none: the rank's own core does all the copying), its
-sending and receiving sides for sent / beta and received / beta (full duplex; DMA and kernels overlap).
-Every bandwidth is multiplied by the link's efficiency for the algorithm (1 unless calibrated), and the
-collective takes
-
-    time = alpha * hops + max(the busiest resource of the busiest rank,
-                              all ranks' traffic / host memory bandwidth   (ranks sharing a host))
-
-``hops`` is the longest chain of dependent messages through the plans (``latency_hops``, equal to the
-simulator's), so the latency term follows the plans' real dependencies (2(n-1) per segment for the
-ring, 2 per segment for two-shot, about 2 log2(n) plus the pipeline's length for the tree), and the
-bandwidth term is the busiest rank's work, as in a pipeline. For the ring this is the textbook
-2(n-1) (alpha + (bytes/n) / beta), for two-shot 2 alpha + 2 (n-1)/n bytes / beta, with the segments,
-tree shapes and odd sizes of the real plans. algbw and busbw follow nccl-tests (``pycoll.benchmark``):
-bytes / time, and algbw x 2(n-1)/n for all-reduce.
+seconds (on shared memory the rank's core does all the copying; more ranks than cores time-share them,
+and traffic beyond the host's last-level cache runs at the memory bandwidth the running ranks divide);
+a message reaches its peer alpha after it leaves, its bytes taking sent / beta on the sender's side and
+on the receiver's side of a link with a wire (full duplex); and ops stream fragment by fragment, so a
+receive can start when the first fragment is in and a chain of forwarding ranks costs one message plus
+a fragment per hop. The collective's time is when its last rank finishes. Bandwidths are multiplied by
+the link's efficiency for the algorithm (1 unless calibrated; calibration may give one per world size,
+"tree@2"). For the ring with whole messages this is the textbook 2(n-1) (alpha + (bytes/n) / beta), for
+two-shot 2 alpha + 2 (n-1)/n bytes / beta, with the segments, tree shapes and odd sizes of the real
+plans; ``latency_hops`` (alpha = 1, bytes free) equals the simulator's count of dependent messages.
+algbw and busbw follow nccl-tests (``pycoll.benchmark``): bytes / time, and algbw x 2(n-1)/n for
+all-reduce.
 
 ``expected_error`` gives the relative L2 error a codec is expected to add (the measured accuracy table of
 bench/codec_accuracy.py, Gaussian inputs), which ``choose_compression`` compares with the caller's budget.
@@ -162,13 +159,16 @@ def latency_hops(plans: Sequence[Plan]) -> int:
 
 class Timing(NamedTuple):
     """A predicted time and what it is made of: ``path`` is the critical path's composition (components
-    C_ALPHA ... C_WIRE), ``host`` the memory traffic of all ranks sharing a host and their working set
-    (``Model.host_time``); the time is the larger of the two, plus ``extra`` seconds of fixed costs."""
+    C_ALPHA ... C_WIRE: time = ``Model.weights`` . path), plus ``extra`` seconds of fixed costs."""
 
     time_s: float
     path: np.ndarray
-    host: np.ndarray
     extra: float
+
+
+def _per_algorithm(table: dict[str, float], algorithm: str, world: int) -> float:
+    """``table``'s factor for ``algorithm`` on ``world`` ranks: "tree@2" if calibrated, else "tree", 1."""
+    return table.get(f"{algorithm}@{world}", table.get(algorithm, 1.0))
 
 
 class PlanCosts(NamedTuple):
@@ -216,10 +216,10 @@ def plan_costs(
     return PlanCosts(plans, ops, float(sum(x[:, TRAFFIC].sum() for x in ops)))
 
 
-# Components of a stretch of predicted time: one per model parameter it is inversely proportional to
-# (alpha counts hops; the others count bytes).
-C_ALPHA, C_TRAFFIC, C_ENCODED, C_DECODED, C_WIRE = range(5)
-_PARTS = 5
+# Components of a stretch of predicted time, each multiplied by one weight (``Model.weights``): alpha
+# counts hops, C_MESSAGE messages a core took in, the others bytes.
+C_ALPHA, C_TRAFFIC, C_ENCODED, C_DECODED, C_WIRE, C_MESSAGE = range(6)
+_PARTS = 6
 _Time = tuple[float, np.ndarray]  # (seconds, composition: seconds = weights . composition)
 
 
@@ -236,11 +236,12 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
     order (plan.py, "Execution order"; the same walk as ``latency_hops``) with timed ops.
 
     ``weights`` are seconds per unit of each component: alpha per hop, then per byte of traffic, of
-    encoded and decoded float32, and of wire. A rank's ops use its core one after another (pure SENDs
-    first, at the step's start; then the ops that receive, in list order); a message travels the link
-    after alpha, its wire time serialized on the sender's and on the receiver's side; and ops stream
-    fragment by fragment: a receiving op can start when the first fragment of its message is in and end
-    one fragment after the message's last, and a fused op's own message starts one fragment into it."""
+    encoded and decoded float32, and of wire, and core time per message taken in. A rank's ops use its
+    core one after another (pure SENDs first, at the step's start; then the ops that receive, in list
+    order); a message travels the link after alpha, its wire time serialized on the sender's and on the
+    receiver's side; and ops stream fragment by fragment: a receiving op can start when the first
+    fragment of its message is in and end one fragment after the message's last, and a fused op's own
+    message starts one fragment into it."""
     world = len(costs.plans)
     zero = (0.0, np.zeros(_PARTS))
     hop_vec = np.zeros(_PARTS)
@@ -255,7 +256,8 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
         table = costs.ops[r]
         cpu_v = np.zeros((len(table), _PARTS))
         cpu_v[:, C_TRAFFIC], cpu_v[:, C_ENCODED], cpu_v[:, C_DECODED] = (
-            table[:, TRAFFIC], table[:, ENCODED], table[:, DECODED])  # fmt: skip
+            table[:, TRAFFIC], table[:, ENCODED], table[:, DECODED])
+        cpu_v[:, C_MESSAGE] = [op.kind in _RECEIVES for op in plan.ops()]
         wire_v = np.zeros((len(table), _PARTS))
         wire_v[:, C_WIRE] = table[:, SENT]
         cpu_t, wire_t = cpu_v @ weights, wire_v @ weights
@@ -492,46 +494,46 @@ class Model:
         self._cache[key] = prediction
         return prediction
 
-    def weights(self, algorithm: str, world: int, codec: str) -> np.ndarray:
-        """Seconds per unit of each component of ``critical_path`` (C_ALPHA ... C_WIRE) for this call."""
+    def weights(self, algorithm: str, world: int, codec: str, nbytes: int = 0) -> np.ndarray:
+        """Seconds per unit of each component of ``critical_path`` (C_ALPHA ... C_WIRE) for this call.
+
+        Every message a core takes in costs it ``message_s``. Ranks sharing a host (shared memory)
+        time-share its cores when there are more of them than cores (``share``; a message then also
+        costs a switch to the rank that waits for it, ``switch_s`` x (1 - 1 / share)), and the part of
+        their memory traffic that misses the last-level cache (all of them hold ``world x nbytes``)
+        streams from memory, whose bandwidth the ranks running at once divide between them."""
         device, link = self.device, self.link
-        eff = link.efficiency.get(algorithm, 1.0)
-        share = max(1.0, world / device.workers) if link.shared_host and device.workers else 1.0
+        eff = _per_algorithm(link.efficiency, algorithm, world)
+        share = 1.0
+        traffic_s = 1.0 / (device.copy_Bps * eff)
+        message_s = device.message_s
+        if link.shared_host and device.workers:
+            share = max(1.0, world / device.workers)
+            message_s += device.switch_s * (1.0 - 1.0 / share)
+            if device.cache_bytes and device.memory_Bps:
+                miss = max(0.0, 1.0 - device.cache_bytes / max(world * nbytes, 1))
+                memory = device.memory_Bps * _per_algorithm(link.memory_efficiency, algorithm, world)
+                traffic_s = (1 - miss) * traffic_s + miss * min(world, device.workers) / memory
         encode_Bps, decode_Bps = device.codec_rates(codec) if codec != "none" else (math.inf, math.inf)
         w = np.zeros(_PARTS)
         w[C_ALPHA] = link.alpha_s
-        w[C_TRAFFIC] = share / (device.copy_Bps * eff)
+        w[C_MESSAGE] = share * message_s
+        w[C_TRAFFIC] = share * traffic_s
         w[C_ENCODED] = share / (encode_Bps * eff)
         w[C_DECODED] = share / (decode_Bps * eff)
         w[C_WIRE] = 0.0 if link.beta_Bps is None else 1.0 / (link.beta_Bps * eff)
         return w
 
     def timing(self, costs: PlanCosts, algorithm: str, world: int, codec: str, nbytes: int) -> Timing:
-        """The predicted time of a collective whose plans are ``costs`` and its composition."""
+        """The predicted time of a collective whose plans are ``costs``, and its composition."""
         if costs.steps == 0:
-            return Timing(0.0, np.zeros(_PARTS), np.zeros(2), 0.0)
-        device, link = self.device, self.link
+            return Timing(0.0, np.zeros(_PARTS), 0.0)
         fragment = self.segment_bytes / 4 if self.fragment_bytes is None else self.fragment_bytes
-        path_t, path = critical_path(costs, self.weights(algorithm, world, codec), fragment)
+        path_t, path = critical_path(costs, self.weights(algorithm, world, codec, nbytes), fragment)
         extra = 0.0
-        if codec != "none" and device.codec_step_s:
-            extra = device.codec_step_s * costs.steps
-        # Ranks sharing a host share its caches and memory: all their traffic at the host's bandwidth,
-        # the part that misses the last-level cache at the memory's.
-        host = np.array([costs.traffic if link.shared_host else 0.0, float(world * nbytes)])
-        return Timing(max(path_t, self.host_time(host, algorithm)) + extra, path, host, extra)
-
-    def host_time(self, host: np.ndarray, algorithm: str) -> float:
-        """Seconds the host's memory needs for ``host`` = (traffic of all ranks, their working set)."""
-        device, link = self.device, self.link
-        traffic, working_set = float(host[0]), float(host[1])
-        if not traffic or not device.host_copy_Bps:
-            return 0.0
-        cache = device.cache_bytes
-        miss = max(0.0, 1.0 - cache / max(working_set, 1.0)) if cache else 0.0
-        eff = link.efficiency.get(algorithm, 1.0)
-        memory = (device.memory_Bps or device.host_copy_Bps) * link.memory_efficiency.get(algorithm, 1.0)
-        return traffic * (1 - miss) / (device.host_copy_Bps * eff) + traffic * miss / memory
+        if codec != "none" and self.device.codec_step_s:
+            extra = self.device.codec_step_s * costs.steps
+        return Timing(path_t + extra, path, extra)
 
     # ---- choices ---------------------------------------------------------------------------------------
     def candidates(self, collective: str) -> tuple[str, ...]:
