@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in validation:
             fixed = "auto" not in (m.algorithm, m.codec)
             points.append({**m.__dict__, "predicted_s": _predict(model, m) if fixed else None})
-        Path(args.json).write_text(
-            json.dumps({"fit": report, "validation": points}, indent=1), encoding="utf-8"
-        )
+        held = [{**m.__dict__, "predicted_s": _predict(model, m)} for m in held_out]
+        data = {"fit": report, "held_out": held, "validation": points}
+        Path(args.json).write_text(json.dumps(data, indent=1), encoding="utf-8")
     return 0
 
 

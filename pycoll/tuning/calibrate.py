@@ -129,8 +129,8 @@ def fit(
     Fitted: the last-level cache size, alpha and the extra cost of a hop when ranks outnumber cores,
     the per-rank copy bandwidth, the memory bandwidth, one factor on the codec rates, and for every
     algorithm and measured world size but the reference (the ring on the fewest ranks) an efficiency
-    in cache and one beyond it ("tree@2"); an algorithm's factors at the largest measured world also
-    stand for larger worlds."""
+    in cache, one beyond it and one for hops and messages ("tree@2"); an algorithm's factors at the
+    largest measured world also stand for larger worlds."""
     measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
@@ -149,10 +149,14 @@ def fit(
     reference = ("ring", min(m.world for m in measurements))
     others = sorted({(m.algorithm, m.world) for m in measurements} - {reference})
     names = ["cache_bytes", "alpha_s", "copy_Bps", "memory_Bps", "codec_scale", "switch_s", "message_s"]
-    names += [f"efficiency[{a}@{w}]" for a, w in others] + [f"memory_efficiency[{a}@{w}]" for a, w in others]
+    names += [
+        f"{kind}[{a}@{w}]"
+        for kind in ("efficiency", "memory_efficiency", "latency_efficiency")
+        for a, w in others
+    ]
     start = [float(device.cache_bytes or 32 << 20), base.link.alpha_s, device.copy_Bps]
     start += [device.memory_Bps or device.copy_Bps, 1.0, device.switch_s or 5e-6, device.message_s or 1e-6]
-    x = np.log(start + [1.0] * (2 * len(others)))
+    x = np.log(start + [1.0] * (3 * len(others)))
 
     points = []
     for m in measurements:
@@ -175,13 +179,20 @@ def fit(
 
     def model_at(v: np.ndarray) -> Model:
         e = np.exp(v)
-        eff = {f"{a}@{w}": float(e[7 + k]) for k, (a, w) in enumerate(others)}
-        meff = {f"{a}@{w}": float(e[7 + n_other + k]) for k, (a, w) in enumerate(others)}
-        eff[f"{reference[0]}@{reference[1]}"] = meff[f"{reference[0]}@{reference[1]}"] = 1.0
-        for a in {a for a, _ in others}:  # the largest measured world stands for larger ones
-            top = max(w for b, w in [*others, reference] if b == a)
-            eff[a], meff[a] = eff[f"{a}@{top}"], meff[f"{a}@{top}"]
-        link = replace(base.link, alpha_s=float(e[1]), efficiency=eff, memory_efficiency=meff)
+        tables = []
+        for t in range(3):
+            table = {f"{a}@{w}": float(e[7 + t * n_other + k]) for k, (a, w) in enumerate(others)}
+            table[f"{reference[0]}@{reference[1]}"] = 1.0
+            for a in {a for a, _ in others}:  # the largest measured world stands for larger ones
+                table[a] = table[f"{a}@{max(w for b, w in [*others, reference] if b == a)}"]
+            tables.append(table)
+        link = replace(
+            base.link,
+            alpha_s=float(e[1]),
+            efficiency=tables[0],
+            memory_efficiency=tables[1],
+            latency_efficiency=tables[2],
+        )
         rates = {k: (r[0] * float(e[4]), r[1] * float(e[4])) for k, r in device.codec_Bps.items()}
         dev = replace(
             device,
@@ -209,13 +220,14 @@ def fit(
         numpy over all points at once)."""
         e = np.exp(v)
         eff = np.concatenate([[1.0], e[7 : 7 + n_other]])[slot]
-        meff = np.concatenate([[1.0], e[7 + n_other :]])[slot]
+        meff = np.concatenate([[1.0], e[7 + n_other : 7 + 2 * n_other]])[slot]
+        lat = np.concatenate([[1.0], e[7 + 2 * n_other :]])[slot]
         miss = np.maximum(0.0, 1.0 - e[0] / np.maximum(world * nbytes, 1.0))
         traffic_s = (1 - miss) / (e[2] * eff) + miss * active / (e[3] * meff)
         message = share * (e[6] + e[5] * (1.0 - 1.0 / share))
         return (
-            e[1] * comp[:, C_ALPHA]
-            + message * comp[:, C_MESSAGE]
+            e[1] / lat * comp[:, C_ALPHA]
+            + message / lat * comp[:, C_MESSAGE]
             + share * traffic_s * comp[:, C_TRAFFIC]
             + share * comp[:, C_ENCODED] / (encode * e[4] * eff)
             + share * comp[:, C_DECODED] / (decode * e[4] * eff)

@@ -69,6 +69,9 @@ class LinkProfile:
     #: Per-algorithm factor on the host memory bandwidth beyond the cache (ranks sharing a host): how
     #: well an algorithm's access pattern streams from memory. Fitted by calibration.
     memory_efficiency: dict[str, float] = field(default_factory=dict)
+    #: Per-algorithm factor dividing the per-hop and per-message costs: how well an algorithm's
+    #: hand-overs overlap. Fitted by calibration.
+    latency_efficiency: dict[str, float] = field(default_factory=dict)
     #: All ranks on one host, sharing its cores and memory bandwidth (shared memory). Otherwise each
     #: rank has its own device (a GPU, or a host of its own behind a NIC).
     shared_host: bool = False

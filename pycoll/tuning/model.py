@@ -256,7 +256,10 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
         table = costs.ops[r]
         cpu_v = np.zeros((len(table), _PARTS))
         cpu_v[:, C_TRAFFIC], cpu_v[:, C_ENCODED], cpu_v[:, C_DECODED] = (
-            table[:, TRAFFIC], table[:, ENCODED], table[:, DECODED])
+            table[:, TRAFFIC],
+            table[:, ENCODED],
+            table[:, DECODED],
+        )
         cpu_v[:, C_MESSAGE] = [op.kind in _RECEIVES for op in plan.ops()]
         wire_v = np.zeros((len(table), _PARTS))
         wire_v[:, C_WIRE] = table[:, SENT]
@@ -516,8 +519,9 @@ class Model:
                 traffic_s = (1 - miss) * traffic_s + miss * min(world, device.workers) / memory
         encode_Bps, decode_Bps = device.codec_rates(codec) if codec != "none" else (math.inf, math.inf)
         w = np.zeros(_PARTS)
-        w[C_ALPHA] = link.alpha_s
-        w[C_MESSAGE] = share * message_s
+        lat = _per_algorithm(link.latency_efficiency, algorithm, world)
+        w[C_ALPHA] = link.alpha_s / lat
+        w[C_MESSAGE] = share * message_s / lat
         w[C_TRAFFIC] = share * traffic_s
         w[C_ENCODED] = share / (encode_Bps * eff)
         w[C_DECODED] = share / (decode_Bps * eff)
