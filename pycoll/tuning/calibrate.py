@@ -239,6 +239,14 @@ def fit(
     except ImportError as exc:
         raise ImportError("calibration fits with scipy: pip install scipy") from exc
     root_weight = np.sqrt(weight)
+    # Physical ranges (log space), so that parameters that trade off against each other (a huge switch
+    # cost against a huge latency efficiency) cannot run away together.
+    # cache_bytes, alpha_s, copy_Bps, memory_Bps, codec_scale, switch_s, message_s, then the efficiencies
+    ranges = [(1 << 20, 1 << 30), (1e-8, 1e-4), (1e9, 1e12), (1e9, 1e12), (0.1, 10.0), (1e-8, 1e-3)]
+    ranges += [(1e-8, 1e-4)]
+    ranges += [(0.1, 10.0)] * (2 * n_other) + [(0.25, 4.0)] * n_other
+    lower, upper = np.log([r[0] for r in ranges]), np.log([r[1] for r in ranges])
+    x = np.clip(x, lower + 1e-9, upper - 1e-9)
 
     def refine(v: np.ndarray) -> tuple[np.ndarray, float]:
         for _ in range(4):
@@ -250,7 +258,7 @@ def fit(
                 v,
                 loss="soft_l1",
                 f_scale=0.3,
-                bounds=(v - 7, v + 7),
+                bounds=(lower, upper),
             )
             v = result.x
         return v, float(result.cost)
@@ -260,7 +268,7 @@ def fit(
     for alpha, switch, message in ((2e-6, 5e-6, 1e-6), (5e-6, 1e-7, 1e-7), (1e-7, 2e-5, 3e-6)):
         guess = x.copy()
         guess[[1, 5, 6]] = np.log([alpha, switch, message])
-        starts.append(refine(guess))
+        starts.append(refine(np.clip(guess, lower + 1e-9, upper - 1e-9)))
     x = min(starts, key=lambda pair: pair[1])[0]
     model = replace(model_at(x), origin="calibrated")
     final = timings(model)
