@@ -30,7 +30,16 @@ import numpy as np
 
 from pycoll.benchmark import parse_size
 from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
-from pycoll.tuning.model import C_ALPHA, C_DECODED, C_ENCODED, C_MESSAGE, C_TRAFFIC, Model, plan_costs
+from pycoll.tuning.model import (
+    C_ALPHA,
+    C_DECODED,
+    C_ENCODED,
+    C_MESSAGE,
+    C_TRAFFIC,
+    Model,
+    correction_key,
+    plan_costs,
+)
 
 __all__ = [
     "Measurement",
@@ -130,7 +139,9 @@ def fit(
     the per-rank copy bandwidth, the memory bandwidth, one factor on the codec rates, and for every
     algorithm and measured world size but the reference (the ring on the fewest ranks) an efficiency
     in cache, one beyond it and one for hops and messages ("tree@2"); an algorithm's factors at the
-    largest measured world also stand for larger worlds."""
+    largest measured world also stand for larger worlds. Last, the residual of every measured point
+    (measured / fitted time, clamped to 1/5..5) is kept as a correction (``LinkProfile.corrections``),
+    interpolated in log(size) by the model's predictions."""
     measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
@@ -271,13 +282,22 @@ def fit(
         starts.append(refine(np.clip(guess, lower + 1e-9, upper - 1e-9)))
     x = min(starts, key=lambda pair: pair[1])[0]
     model = replace(model_at(x), origin="calibrated")
+    # What the fitted structure still misses, point by point: the residual factors (clamped to 5x
+    # either way, so one disturbed point cannot make an algorithm look absurd).
     final = timings(model)
-    times = np.array(
+    raw = np.array(
         [
             model.weights(m.algorithm, m.world, k, m.bytes) @ row[:-1] + row[-1]
             for (m, k, _), row in zip(points, final)
         ]
     )
+    corrections: dict[str, list[tuple[float, float]]] = {}
+    for (m, kind, _), t in sorted(zip(points, raw), key=lambda pair: pair[0][0].bytes):
+        key = correction_key("allreduce", m.algorithm, m.world, kind)
+        factor = float(np.clip(m.time_s / t, 0.2, 5.0))
+        corrections.setdefault(key, []).append((math.log2(m.bytes), factor))
+    model = replace(model, link=replace(model.link, corrections=corrections), _cache={})
+    times = raw  # the report shows how well the structure fits, before the residual corrections
     rows = [
         {**m.__dict__, "predicted_s": float(t), "rel_error": float(t / m.time_s - 1)}
         for (m, *_), t in zip(points, times)
@@ -288,6 +308,7 @@ def fit(
         "codecs": kinds,
         "points": rows,
         "rms_log_error": math.sqrt(float(weight @ errors**2) / float(weight.sum())),
+        "note": "predicted_s and rms_log_error are the fitted structure's, before the residual corrections",
     }
     return model, report
 

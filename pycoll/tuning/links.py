@@ -43,8 +43,11 @@ replaces them with this machine's figures.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 __all__ = ["DEVICES", "LINKS", "DeviceProfile", "LinkProfile", "device_for", "link_named"]
 
@@ -72,6 +75,12 @@ class LinkProfile:
     #: Per-algorithm factor dividing the per-hop and per-message costs: how well an algorithm's
     #: hand-overs overlap. Fitted by calibration.
     latency_efficiency: dict[str, float] = field(default_factory=dict)
+    #: Calibrated residuals: "allreduce/tree@2/none" -> [(log2 bytes, measured / modelled time), ...] at
+    #: the sizes calibration measured. Predictions for that collective, algorithm, world and codec are
+    #: multiplied by the factor interpolated in log2(bytes) (the end factors beyond the measured range),
+    #: so what the model's structure does not capture on this machine (a size where one algorithm
+    #: stalls) is still predicted. Empty for published links.
+    corrections: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: All ranks on one host, sharing its cores and memory bandwidth (shared memory). Otherwise each
     #: rank has its own device (a GPU, or a host of its own behind a NIC).
     shared_host: bool = False
@@ -81,7 +90,20 @@ class LinkProfile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LinkProfile:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["corrections"] = {
+            k: [(float(x), float(f)) for x, f in v] for k, v in fields.get("corrections", {}).items()
+        }
+        return cls(**fields)
+
+    def correction(self, key: str, nbytes: int) -> float:
+        """The calibrated factor for ``key`` ("allreduce/tree@2/none") at ``nbytes`` (1 if none)."""
+        points = self.corrections.get(key)
+        if not points:
+            return 1.0
+        x = math.log2(max(nbytes, 1))
+        xs, fs = zip(*points)
+        return math.exp(float(np.interp(x, xs, np.log(fs))))
 
 
 @dataclass(frozen=True)
@@ -141,21 +163,24 @@ def _gpu(name: str, hbm_Bps: float, source: str) -> DeviceProfile:
     )
 
 
-#: The CPU of the development VM (2 vCPUs), fitted with ``pycoll bench --calibrate`` on 2026-11-29;
-#: codec rates from bench/codec_throughput.py on one core (README, "Cost on one core").
+#: The CPU of the development VM (2 vCPUs), fitted by ``bench/validate_model.py`` on 2026-11-29 (2, 3
+#: and 4 ranks, 4 KiB..64 MiB; README, "Tuning"). Codec rates: bench/codec_throughput.py's one-core
+#: figures times the fitted 1.48 (data in cache inside a collective). ``pycoll bench --calibrate``
+#: replaces all of this with the current machine's figures.
 CPU_DEFAULT = DeviceProfile(
     name="cpu",
-    copy_Bps=11.0 * GB,
+    copy_Bps=63.4 * GB,
     codec_Bps={
-        "fp16": (13.0 * GB, 9.5 * GB),
-        "bf16": (12.2 * GB, 10.3 * GB),
-        "int8": (8.1 * GB, 7.9 * GB),
-        "int4": (7.1 * GB, 7.3 * GB),
+        "fp16": (19.3 * GB, 14.1 * GB),
+        "bf16": (18.1 * GB, 15.3 * GB),
+        "int8": (12.0 * GB, 11.7 * GB),
+        "int4": (10.5 * GB, 10.8 * GB),
     },
     workers=2,
-    source="measured on the 2-vCPU development VM (pycoll bench --calibrate, bench/codec_throughput.py)",
-    memory_Bps=22.0 * GB,
-    cache_bytes=32 << 20,
+    source="fitted on the 2-vCPU development VM (bench/validate_model.py, pycoll bench --calibrate)",
+    switch_s=12.8e-6,
+    memory_Bps=51.9 * GB,
+    cache_bytes=31_551_852,
 )
 
 DEVICES: dict[str, DeviceProfile] = {
@@ -182,12 +207,21 @@ LINKS: dict[str, LinkProfile] = {
     "shm": LinkProfile(
         "shm",
         "shared memory between the processes of one host (pycoll's transport)",
-        2.0e-6,
+        2.71e-6,
         None,
         "cpu",
-        {},
-        "measured on the 2-vCPU development VM (pycoll bench --calibrate)",
+        # Fitted with CPU_DEFAULT; the ring on 2 ranks is the reference (1), 4 ranks stand for more.
+        efficiency={"direct@2": 1.09, "direct@3": 0.63, "direct@4": 1.14, "direct": 1.14, "ring@3": 0.53,
+                    "ring@4": 0.92, "ring": 0.92, "tree@2": 0.84, "tree@3": 0.61, "tree@4": 1.15,
+                    "tree": 1.15},
+        source="fitted on the 2-vCPU development VM (bench/validate_model.py)",
         shared_host=True,
+        memory_efficiency={"direct@2": 0.29, "direct@3": 1.54, "direct@4": 1.48, "direct": 1.48,
+                           "ring@3": 1.33, "ring@4": 1.22, "ring": 1.22, "tree@2": 0.10, "tree@3": 0.98,
+                           "tree@4": 1.78, "tree": 1.78},
+        latency_efficiency={"direct@2": 1.05, "direct@3": 1.35, "direct@4": 3.77, "direct": 3.77,
+                            "ring@3": 1.22, "ring@4": 3.81, "ring": 3.81, "tree@2": 1.06, "tree@3": 1.68,
+                            "tree@4": 4.0, "tree": 4.0},
     ),
     "pcie3": _link("pcie3", "PCIe Gen3 x16, GPUs", 3.0, 15.75, 0.8, "a100", "PCI-SIG PCIe 3.0: 8 GT/s"),
     "pcie4": _link("pcie4", "PCIe Gen4 x16, GPUs", 3.0, 31.5, 0.8, "a100", "PCI-SIG PCIe 4.0: 16 GT/s"),

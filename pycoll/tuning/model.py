@@ -166,6 +166,11 @@ class Timing(NamedTuple):
     extra: float
 
 
+def correction_key(collective: str, algorithm: str, world: int, codec: str) -> str:
+    """The key of ``LinkProfile.corrections`` for one kind of call ("allreduce/tree@2/none")."""
+    return f"{collective}/{algorithm}@{world}/{codec}"
+
+
 def _per_algorithm(table: dict[str, float], algorithm: str, world: int) -> float:
     """``table``'s factor for ``algorithm`` on ``world`` ranks: "tree@2" if calibrated, else "tree", 1."""
     return table.get(f"{algorithm}@{world}", table.get(algorithm, 1.0))
@@ -490,8 +495,11 @@ class Model:
             collective, algorithm, world, count, itemsize, self.segment_bytes, bpe, block, root
         )
         timing = self.timing(costs, algorithm, world, name, nbytes)
+        time_s = timing.time_s * self.link.correction(
+            correction_key(collective, algorithm, world, name), nbytes
+        )
         error = 0.0 if name == "none" else expected_error(name, algorithm, world)
-        prediction = Prediction(collective, algorithm, name, world, nbytes, timing.time_s, costs.steps, error)
+        prediction = Prediction(collective, algorithm, name, world, nbytes, time_s, costs.steps, error)
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[key] = prediction

@@ -375,3 +375,39 @@ def test_model_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "model.png"
     assert main(["model", "--link", "ib_hdr", "--ranks", "4", "-e", "64K", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calibrated_corrections_interpolate_in_log_size() -> None:
+    key = "allreduce/tree@2/none"
+    base = Model.for_link("shm", workers=2)
+    link = replace(base.link, corrections={key: [(12.0, 2.0), (20.0, 0.5)]})  # 4 KiB: x2, 1 MiB: x0.5
+    corrected = replace(base, link=link, _cache={})
+    assert link.correction(key, 4096) == pytest.approx(2.0)
+    assert link.correction(key, 1 << 16) == pytest.approx(1.0)  # halfway in log2: sqrt(2 x 0.5)
+    assert link.correction(key, 1 << 30) == pytest.approx(0.5)  # the end factor beyond the range
+    assert link.correction("allreduce/ring@2/none", 4096) == 1.0
+    for nbytes, factor in ((4096, 2.0), (1 << 20, 0.5)):
+        plain = base.predict("allreduce", "tree", 2, nbytes).time_s
+        assert corrected.predict("allreduce", "tree", 2, nbytes).time_s == pytest.approx(plain * factor)
+    assert (
+        corrected.predict("allreduce", "tree", 3, 4096).time_s
+        == base.predict("allreduce", "tree", 3, 4096).time_s
+    )
+    assert LinkProfile.from_dict(json.loads(json.dumps(link.to_dict()))) == link
+
+
+def test_fit_keeps_the_residuals_as_corrections() -> None:
+    pytest.importorskip("scipy", reason="calibration fits with scipy")
+    truth = Model.for_link("shm", workers=2)
+    points = _synthetic(truth)
+    odd = points[7]
+    points[7] = Measurement(odd.world, odd.algorithm, odd.codec, odd.bytes, odd.time_s * 3)  # one stall
+    fitted, _ = fit(points, workers=2)
+    from pycoll.tuning.calibrate import shm_fragment_bytes, shm_segment_bytes
+
+    at = replace(
+        fitted, segment_bytes=shm_segment_bytes(odd.world), fragment_bytes=shm_fragment_bytes(odd.world)
+    )
+    codec = None if odd.codec == "none" else odd.codec
+    predicted = at.predict("allreduce", odd.algorithm, odd.world, odd.bytes, codec=codec).time_s
+    assert predicted == pytest.approx(odd.time_s * 3, rel=0.02)
