@@ -265,7 +265,7 @@ LINKS: dict[str, LinkProfile] = {
     "eth10": _link("eth10", "10 GbE, TCP, a port per rank", 25.0, 1.25, 0.94, "cpu", "IEEE 802.3: 10 Gb/s"),
     "eth25": _link("eth25", "25 GbE, TCP, a port per rank", 25.0, 3.125, 0.94, "cpu", "IEEE 802.3: 25 Gb/s"),
     "eth100": _link(
-        "eth100", "100 GbE, TCP, one port per rank", 20.0, 12.5, 0.94, "cpu", "IEEE 802.3: 100 Gb/s"
+        "eth100", "100 GbE, TCP, a port per rank", 20.0, 12.5, 0.94, "cpu", "IEEE 802.3: 100 Gb/s"
     ),
 }
 
