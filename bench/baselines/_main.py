@@ -7,7 +7,7 @@ import argparse
 import platform
 
 from pycoll import baselines, benchmark
-from pycoll.cli.bench import parse_datatypes, parse_ops
+from pycoll.cli.bench import exit_rank, parse_datatypes, parse_ops
 
 
 def main(name: str, doc: str | None, argv: list[str] | None = None) -> int:
@@ -43,5 +43,5 @@ def main(name: str, doc: str | None, argv: list[str] | None = None) -> int:
         meta=meta,
         sweeps=sweeps,
     )
-    # No torch.distributed.destroy_process_group(): see pycoll/baselines.py.
-    return 0
+    # No torch.distributed.destroy_process_group(): see pycoll/baselines.py and exit_rank.
+    return exit_rank(0)

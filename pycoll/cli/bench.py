@@ -329,7 +329,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"pycoll bench: {problem}", file=sys.stderr)
         return 2
     if args.worker:
-        return run_worker(args)
+        return exit_rank(run_worker(args))
     if getattr(args, "progress", "auto") == "auto":
         args.progress = "on" if _isatty(sys.stderr) else "off"  # the ranks' stderr may be a pipe
     cmd = launch_command(args)
@@ -367,6 +367,20 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(format_fit(report))
     print(f"saved to {save_model(model, report)} (PYCOLL_TUNING_FILE overrides; =none ignores it)")
     return 0
+
+
+def exit_rank(code: int) -> int:
+    """Return ``code``, or, in a rank that formed a torch process group (the gloo and nccl baselines),
+    end the process with it at once: torch 2.13's gloo threads sometimes abort the interpreter's
+    teardown ("terminate called without an active exception", SIGABRT) after everything is done, which
+    the launcher would report as a failed rank. Called after pycoll is finalized and the output written;
+    stdout and stderr are flushed first."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _isatty(stream: Any) -> bool:
