@@ -374,10 +374,14 @@ def exit_rank(code: int) -> int:
     end the process with it at once: torch 2.13's gloo threads sometimes abort the interpreter's
     teardown ("terminate called without an active exception", SIGABRT) after everything is done, which
     the launcher would report as a failed rank. Called after pycoll is finalized and the output written;
-    stdout and stderr are flushed first."""
+    stdout and stderr are flushed first, and MPI is finalized (mpirun counts a rank that exits without
+    MPI_Finalize as failed; mpi4py would otherwise do it at exit)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return code
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
