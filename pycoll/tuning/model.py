@@ -1,19 +1,20 @@
 """The cost model: predicted time of a collective from its plans and an α-β description of the link.
 
 The model reads every rank's plan (the same plans the executor runs; ``pycoll.algorithms``) and, for each
-plan step of each rank, counts what the step moves and computes:
+op of each rank, counts what it moves (``op_costs``):
 
     sent, received   bytes on the wire (a codec's encoded bytes when compressed)
     traffic          bytes of memory a rank's copies and reductions touch: a SEND copies its source into
                      the transport (read + write: 2 x bytes), a RECV copies out (2x), a RECV_REDUCE reads
                      the message and its source and writes the result (3x), a fused receive-reduce-send
-                     3x or 4x, a forwarding receive 3x; compressed ops instead count
+                     3x or 4x, a forwarding receive 3x; a compressed op counts only the encoded bytes it
+                     forwards unchanged (2x), its arithmetic being the codec's
     encoded, decoded float32 bytes going through the codec's encode and decode(-accumulate) kernels
 
 The ops of every rank are then run in the executor's order (``critical_path``): a rank's ops use its
 device one after another for
 
-    traffic / copy + encoded / encode + decoded / decode
+    traffic / copy + encoded / encode + decoded / decode (+ a hand-over cost per message taken in)
 
 seconds (on shared memory the rank's core does all the copying; more ranks than cores time-share them,
 and traffic beyond the host's last-level cache runs at the memory bandwidth the running ranks divide);
@@ -25,8 +26,9 @@ the link's efficiency for the algorithm (1 unless calibrated; calibration may gi
 "tree@2"). For the ring with whole messages this is the textbook 2(n-1) (alpha + (bytes/n) / beta), for
 two-shot 2 alpha + 2 (n-1)/n bytes / beta, with the segments, tree shapes and odd sizes of the real
 plans; ``latency_hops`` (alpha = 1, bytes free) equals the simulator's count of dependent messages.
-algbw and busbw follow nccl-tests (``pycoll.benchmark``): bytes / time, and algbw x 2(n-1)/n for
-all-reduce.
+A calibrated link also carries residual corrections per (collective, algorithm, world, codec), which
+multiply the prediction (``LinkProfile.corrections``). algbw and busbw follow nccl-tests
+(``pycoll.benchmark``): bytes / time, and algbw x 2(n-1)/n for all-reduce.
 
 ``expected_error`` gives the relative L2 error a codec is expected to add (the measured accuracy table of
 bench/codec_accuracy.py, Gaussian inputs), which ``choose_compression`` compares with the caller's budget.
