@@ -447,34 +447,9 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(
-    worlds: Sequence[int] = DEFAULT_WORLDS,
-    *,
-    min_bytes: int = 4096,
-    max_bytes: int = 64 << 20,
-    factor: int = 4,
-    algorithms: Sequence[str] = ALGORITHMS,
-    codecs: Sequence[str] = DEFAULT_CODECS,
-    rounds: int = 3,
-    error_budget: float = 1e-2,
-    env: dict[str, str] | None = None,
-    log: Callable[[str], None] | None = None,
-) -> list[Measurement]:
-    """``measure_rounds``, and the median over the rounds of each point."""
-    return median_of(
-        measure_rounds(
-            worlds,
-            min_bytes=min_bytes,
-            max_bytes=max_bytes,
-            factor=factor,
-            algorithms=algorithms,
-            codecs=codecs,
-            rounds=rounds,
-            error_budget=error_budget,
-            env=env,
-            log=log,
-        )
-    )
+def measure(worlds: Sequence[int] = DEFAULT_WORLDS, **options: Any) -> list[Measurement]:
+    """``measure_rounds(worlds, **options)``, and the median over the rounds of each point."""
+    return median_of(measure_rounds(worlds, **options))
 
 
 def median_of(rounds: Sequence[Sequence[Measurement]]) -> list[Measurement]:
