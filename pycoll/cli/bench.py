@@ -222,6 +222,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "auto (pycoll.tuning; -b/-e set the sizes)",
     )
     parser.add_argument(
+        "--calibrate-from",
+        metavar="FILE",
+        default=None,
+        help="with --calibrate: fit these measured points (JSON lines) instead of measuring",
+    )
+    parser.add_argument(
+        "--calibrate-measurements",
+        metavar="FILE",
+        default=None,
+        help="with --calibrate: also write the measured points (JSON lines) to FILE",
+    )
+    parser.add_argument(
         "--worker",
         action="store_true",
         help="run as one rank of a job already started by a launcher (pycoll run, torchrun, mpirun) "
@@ -347,25 +359,29 @@ def main(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     """``--calibrate``: pycoll.tuning.calibrate on world sizes 2..--ranks, saved to this host's file."""
-    from pycoll.tuning.calibrate import fit as fit_model
-    from pycoll.tuning.calibrate import format_fit, measure, save_model
+    from pycoll.tuning import calibrate
 
     if args.ranks < 2:
         print(f"pycoll bench: --calibrate needs --ranks >= 2, got {args.ranks}", file=sys.stderr)
         return 2
     try:
-        points = measure(
-            range(2, args.ranks + 1),
-            min_bytes=args.minbytes,
-            max_bytes=args.maxbytes,
-            log=lambda line: print(f"pycoll bench --calibrate: {line}", file=sys.stderr, flush=True),
-        )
-    except RuntimeError as exc:
+        if args.calibrate_from:
+            points = calibrate.read_measurements(args.calibrate_from)
+        else:
+            points = calibrate.measure(
+                range(2, args.ranks + 1),
+                min_bytes=args.minbytes,
+                max_bytes=args.maxbytes,
+                log=lambda line: print(f"pycoll bench --calibrate: {line}", file=sys.stderr, flush=True),
+            )
+        if args.calibrate_measurements:
+            calibrate.write_measurements(args.calibrate_measurements, points)
+        model, report = calibrate.fit(points)
+    except (RuntimeError, OSError, ValueError, ImportError) as exc:
         print(f"pycoll bench: {exc}", file=sys.stderr)
         return 1
-    model, report = fit_model(points)
-    print(format_fit(report))
-    print(f"saved to {save_model(model, report)} (PYCOLL_TUNING_FILE overrides; =none ignores it)")
+    print(calibrate.format_fit(report))
+    print(f"saved to {calibrate.save_model(model, report)} (PYCOLL_TUNING_FILE overrides; =none ignores it)")
     return 0
 
 

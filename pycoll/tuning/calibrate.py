@@ -1,14 +1,15 @@
 """Calibration: fit the cost model's parameters to all-reduces measured on this machine, save, load.
 
-``pycoll bench --calibrate`` (or ``python -m pycoll.tuning.calibrate``) times pycoll's all-reduce over
-shared memory for every algorithm (and the codecs), on several world sizes, sizes 4 KiB..64 MiB, with the
-timing loop of ``pycoll bench`` (pycoll/benchmark.py: slowest rank, median over iterations, variants
-interleaved size by size; rounds interleaved, median per point). It then fits the shared-memory link
-and CPU parameters of ``pycoll.tuning.links`` (``fit``: latency, copy and memory bandwidth, cache size,
-per-algorithm efficiencies, a factor on the codecs' rates) by robust least squares on log(time)
-(scipy; sizes of 1 MiB and up weighted double), and saves them as JSON to ``tuning_file()``
-(``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``). ``load_model`` reads them back for
-``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored.
+``pycoll bench --calibrate`` (whose ``measure`` starts ``python -m pycoll.tuning.calibrate --worker``
+ranks) times pycoll's all-reduce over shared memory for every algorithm (and the codecs), on several
+world sizes, sizes 4 KiB..64 MiB, with the timing loop of ``pycoll bench`` (pycoll/benchmark.py:
+slowest rank, median over iterations, variants interleaved size by size; rounds interleaved, median per
+point). It then fits the shared-memory link and CPU parameters of ``pycoll.tuning.links`` (``fit``:
+latency, copy and memory bandwidth, cache size, per-algorithm efficiencies, a factor on the codecs'
+rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double), and saves
+them as JSON to ``tuning_file()`` (``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``).
+``load_model`` reads them back for ``algorithm="auto"`` / ``compression="auto"``; a file written on
+another host is ignored.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pycoll.tuning.model import (
 __all__ = [
     "Measurement",
     "fit",
+    "format_fit",
     "load_model",
     "measure",
     "save_model",
@@ -521,56 +523,30 @@ def measure_rounds(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pycoll.tuning.calibrate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+def read_measurements(path: str) -> list[Measurement]:
+    """Measured points from a JSON-lines file (``write_measurements``)."""
+    with open(path, encoding="utf-8") as f:
+        return [Measurement(**json.loads(line)) for line in f if line.strip()]
+
+
+def write_measurements(path: str, points: Sequence[Measurement]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(p.__dict__) + "\n" for p in points)
+
+
+def worker_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pycoll.tuning.calibrate --worker ...``: one rank of a measuring job (``measure``
+    starts them). Calibrating from the command line is ``pycoll bench --calibrate``."""
+    parser = argparse.ArgumentParser(prog="python -m pycoll.tuning.calibrate")
+    parser.add_argument("--worker", action="store_true", required=True)
+    parser.add_argument("--out", required=True)
     parser.add_argument("-b", "--minbytes", type=parse_size, default=4096)
     parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
     parser.add_argument("-f", "--factor", type=int, default=4)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
-    parser.add_argument("--worlds", default=",".join(map(str, DEFAULT_WORLDS)))
-    parser.add_argument("--error-budget", type=float, default=1e-2, help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is fitted (3)")
-    parser.add_argument("--measurements", metavar="FILE", help="also write the measured points (JSON lines)")
-    parser.add_argument("--from-measurements", metavar="FILE", help="fit these points instead of measuring")
-    parser.add_argument("--no-save", action="store_true", help="fit and report, but do not save")
-    args = parser.parse_args(argv)
-    if args.worker:
-        return _worker(args)
-    return run_calibration(args)
-
-
-def run_calibration(args: argparse.Namespace) -> int:
-    """Measure (or read ``--from-measurements``), fit, print the fit, save unless ``--no-save``."""
-    if args.from_measurements:
-        with open(args.from_measurements, encoding="utf-8") as f:
-            points = [Measurement(**json.loads(line)) for line in f if line.strip()]
-    else:
-        worlds = [int(w) for w in str(args.worlds).split(",") if w]
-        points = measure(
-            worlds,
-            min_bytes=args.minbytes,
-            max_bytes=args.maxbytes,
-            factor=args.factor,
-            algorithms=args.algorithms.split(","),
-            codecs=args.codecs.split(","),
-            rounds=args.rounds,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-        if args.measurements:
-            with open(args.measurements, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(p.__dict__) + "\n" for p in points)
-    model, report = fit(points)
-    print(format_fit(report))
-    if not args.no_save:
-        print(f"saved to {save_model(model, report)}")
-    return 0
+    parser.add_argument("--error-budget", type=float, default=1e-2)
+    return _worker(parser.parse_args(argv))
 
 
 def format_fit(report: dict[str, Any]) -> str:
@@ -597,4 +573,4 @@ def format_fit(report: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main())

@@ -116,20 +116,10 @@ def test_a_calibration_file_steers_auto(tmp_path):
 
 def test_bench_calibrate_writes_a_calibration(tmp_path):
     path = tmp_path / "tuning.json"
+    points = tmp_path / "points.jsonl"
     env = {**os.environ, "PYCOLL_TUNING_FILE": str(path)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pycoll.cli.main",
-        "bench",
-        "--calibrate",
-        "--ranks",
-        "2",
-        "-b",
-        "64K",
-        "-e",
-        "256K",
-    ]
+    cmd = [sys.executable, "-m", "pycoll.cli.main", "bench", "--calibrate", "--ranks", "2", "-b", "64K"]
+    cmd += ["-e", "256K", "--calibrate-measurements", str(points)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "fitted parameters" in out.stdout and f"saved to {path}" in out.stdout
@@ -139,3 +129,10 @@ def test_bench_calibrate_writes_a_calibration(tmp_path):
     assert {p["algorithm"] for p in data["fit"]["points"]} == {"ring", "direct", "tree"}
     assert {p["bytes"] for p in data["fit"]["points"]} == {65536, 262144}
     assert all(v > 0 for v in data["fit"]["parameters"].values())
+    # Fitting the written points again gives the same calibration.
+    again = tmp_path / "again.json"
+    cmd = [sys.executable, "-m", "pycoll.cli.main", "bench", "--calibrate", "--calibrate-from", str(points)]
+    env["PYCOLL_TUNING_FILE"] = str(again)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(again.read_text())["link"] == data["link"]
