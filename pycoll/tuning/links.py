@@ -37,7 +37,7 @@ over NVLink and PCIe, 10+ us over the network) and of a kernel TCP round trip wi
 GPU devices: HBM bandwidth from NVIDIA's datasheets (A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s), copies
 and reductions at 0.8 of it, codecs at 0.7 (the GPU issue's kernel targets; not measured yet). The CPU
 device's defaults were measured on the development VM (2 vCPUs, shared memory; see
-``pycoll.tuning.calibrate`` and the README's "Cost model" section): ``pycoll bench --calibrate``
+``pycoll.tuning.calibrate`` and the README's "Tuning" section): ``pycoll bench --calibrate``
 replaces them with this machine's figures.
 """
 
