@@ -19,7 +19,7 @@ from pycoll.algorithms import build_plan
 from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
-from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings
+from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
 from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
@@ -40,12 +40,6 @@ def host_id() -> str:
         boot = "?"
     return f"{socket.gethostname()}/{boot}"
 
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class Communicator:
@@ -103,7 +97,7 @@ class Communicator:
         # Every rank on a core of its own: poll briefly, then yield briefly (in case the scheduler put
         # a peer on this very core), then sleep. More ranks than cores: never spin (it steals the core
         # the peer needs) but yield for a while before sleeping.
-        oversubscribed = world_size > _usable_cpus()
+        oversubscribed = world_size > usable_cpus()
         spin = settings.spin_us
         if spin is None:
             spin = 0 if oversubscribed else DEFAULT_SPIN_US
@@ -151,10 +145,10 @@ class Communicator:
         handed to every rank through the store, so that all ranks make the same choices."""
         if self.rank == 0:
             model = load_model(
-                segment_bytes=self.segment_bytes, fragment_bytes=self.fragment_bytes, workers=_usable_cpus()
+                segment_bytes=self.segment_bytes, fragment_bytes=self.fragment_bytes, workers=usable_cpus()
             )
             if model is None:
-                model = Model.for_link("shm", workers=_usable_cpus(), segment_bytes=self.segment_bytes)
+                model = Model.for_link("shm", workers=usable_cpus(), segment_bytes=self.segment_bytes)
                 model = replace(model, fragment_bytes=self.fragment_bytes)
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
             return model

@@ -116,3 +116,11 @@ def launcher_hosts_store(environ: Mapping[str, str] | None = None) -> bool:
     """True when ``pycoll run`` hosts the rendezvous store (rank 0 connects to it instead of hosting)."""
     env = os.environ if environ is None else environ
     return env.get(LAUNCHER_STORE_VAR, "0").strip() == "1"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity), the count ranks compare themselves with."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -37,16 +37,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``doctor`` on the ``subparsers`` of the ``pycoll`` command; ``func`` is set to ``main``."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    from pycoll.cli.main import add_command
+
+    return add_command(
+        subparsers,
         "doctor",
         help="check this machine before blaming the library",
         description=DESCRIPTION,
         epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        configure=configure_parser,
+        func=main,
     )
-    configure_parser(parser)
-    parser.set_defaults(func=main)
-    return parser
 
 
 def main(args: argparse.Namespace) -> int:

@@ -14,9 +14,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "add_command", "build_parser", "main"]
 
 #: (command name, module defining ``add_parser``), in the order ``pycoll --help`` lists them.
 SUBCOMMANDS: list[tuple[str, str]] = [
@@ -25,6 +25,30 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("doctor", "pycoll.cli.doctor"),
     ("model", "pycoll.cli.model"),
 ]
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    *,
+    help: str,
+    description: str,
+    epilog: str | None,
+    configure: Callable[[argparse.ArgumentParser], None],
+    func: Callable[[argparse.Namespace], int],
+) -> argparse.ArgumentParser:
+    """The usual ``add_parser`` body of a command module: register ``name`` with its help, description
+    and (raw-formatted) epilog, add its options with ``configure``, and point ``func`` at its main."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    configure(parser)
+    parser.set_defaults(func=func)
+    return parser
 
 
 def _broken_command(name: str, module: str, error: BaseException) -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from pycoll.benchmark import parse_size
+from pycoll.env import usable_cpus
 from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
 from pycoll.tuning.model import (
     C_ALPHA,
@@ -38,6 +39,7 @@ from pycoll.tuning.model import (
     C_MESSAGE,
     C_TRAFFIC,
     Model,
+    codec_layout,
     correction_key,
     plan_costs,
 )
@@ -115,12 +117,6 @@ def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
     return max(sizes) if sizes else None
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
 
 # ---------------------------------------------------------------------------------------------------
 # Fitting.
@@ -149,7 +145,7 @@ def fit(
         raise ValueError("no measurements to fit")
     if base is None:
         link = link_named("shm")
-        device = device_for(link, workers or _usable_cpus())
+        device = device_for(link, workers or usable_cpus())
         base = Model(
             link,
             replace(device, cache_bytes=last_level_cache_bytes() or device.cache_bytes),
@@ -157,7 +153,7 @@ def fit(
         )
     device = base.device
     workers_n = device.workers or 1
-    kinds = sorted({_layout(m.codec)[0] for m in measurements} - {"none"})
+    kinds = sorted({codec_layout(m.codec)[0] for m in measurements} - {"none"})
     # Every (algorithm, world) but the reference, the ring on the fewest ranks, gets its own efficiencies.
     reference = ("ring", min(m.world for m in measurements))
     others = sorted({(m.algorithm, m.world) for m in measurements} - {reference})
@@ -173,7 +169,7 @@ def fit(
 
     points = []
     for m in measurements:
-        kind, bpe, block = _layout(m.codec)
+        kind, bpe, block = codec_layout(m.codec)
         costs = plan_costs(
             "allreduce", m.algorithm, m.world, m.bytes // 4, 4, shm_segment_bytes(m.world), bpe, block
         )
@@ -315,16 +311,6 @@ def fit(
     return model, report
 
 
-def _layout(codec: str) -> tuple[str, float | None, int]:
-    if codec == "none":
-        return "none", None, 1
-    from pycoll.compression import get_codec
-
-    c = get_codec(codec)
-    assert c is not None
-    return c.kind, float(c.bytes_per_element), int(c.block_elems)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Saving and loading.
 
@@ -357,7 +343,7 @@ def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | 
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "host": platform.node(),
-        "cpus": _usable_cpus(),
+        "cpus": usable_cpus(),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "link": model.link.to_dict(),
         "device": model.device.to_dict(),
@@ -405,21 +391,16 @@ def _worker(args: argparse.Namespace) -> int:
 
     comm = pycoll.init()
     try:
-        labels: list[tuple[str, str]] = []
-        variants = []
-        for algorithm in args.algorithms.split(","):
-            for codec in args.codecs.split(","):
-                if codec == "auto" and algorithm != "auto":
-                    continue  # compression="auto" picks its algorithm too
+        from pycoll.cli.bench import make_variants
 
-                def run(x: np.ndarray, a: str = algorithm, c: str = codec) -> None:
-                    if c == "auto":
-                        pycoll.allreduce(x, compression="auto", error_budget=args.error_budget)
-                    else:
-                        pycoll.allreduce(x, algorithm=a, compression=None if c == "none" else c)
+        codecs = args.codecs.split(",")
+        variants = make_variants(args.algorithms.split(","), [c for c in codecs if c != "auto"])
+        if "auto" in codecs:  # compression="auto" picks its algorithm too
 
-                labels.append((algorithm, codec))
-                variants.append(benchmark.Variant(f"{algorithm}/{codec}", run))
+            def auto(x: np.ndarray) -> None:
+                pycoll.allreduce(x, compression="auto", error_budget=args.error_budget)
+
+            variants.append(benchmark.Variant("auto", auto, library="pycoll", algorithm="auto"))
 
         def reduce_max(a: np.ndarray) -> np.ndarray:
             pycoll.allreduce(a, op="max")
@@ -438,11 +419,8 @@ def _worker(args: argparse.Namespace) -> int:
         )
         if comm.rank == 0:
             with open(args.out, "w", encoding="utf-8") as f:
-                for i, result in enumerate(results):
-                    algorithm, codec = labels[i % len(labels)]
-                    point = Measurement(
-                        comm.world_size, algorithm, codec, result.bytes, result.time_us * 1e-6
-                    )
+                for r in results:
+                    point = Measurement(comm.world_size, r.algorithm, r.codec, r.bytes, r.time_us * 1e-6)
                     f.write(json.dumps(point.__dict__) + "\n")
     finally:
         pycoll.finalize(comm)

@@ -55,6 +55,7 @@ __all__ = [
     "Model",
     "Prediction",
     "bus_factor",
+    "codec_layout",
     "expected_error",
     "critical_path",
     "op_costs",
@@ -486,7 +487,7 @@ class Model:
         (all-reduce of float32 only)."""
         if world < 1 or nbytes < 0:
             raise ValueError(f"need world >= 1 and nbytes >= 0, got {world} and {nbytes}")
-        name, bpe, block = _codec_layout(codec)
+        name, bpe, block = codec_layout(codec)
         key = (collective, algorithm, world, nbytes, itemsize, name, bpe, block, root)
         cached = self._cache.get(key)
         if cached is not None:
@@ -501,23 +502,18 @@ class Model:
         # grows linearly; predict two sizes that far and extend the line (a 1 GiB all-reduce on 16 ranks
         # would otherwise walk ~250,000 ops on its first call).
         segments = count * wire_itemsize / max(world, 1) / self.segment_bytes
+        def run(n: int) -> tuple[float, int]:
+            """(seconds, steps) of the plans for ``n`` elements, timed at the call's size."""
+            segment = self.segment_bytes
+            costs = plan_costs(collective, algorithm, world, n, itemsize, segment, bpe, block, root)
+            return self.timing(costs, algorithm, world, name, nbytes).time_s, costs.steps
+
         if segments > 2 * EXTRAPOLATE_SEGMENTS:
             n1, n2 = (max(1, int(count * k * EXTRAPOLATE_SEGMENTS / segments)) for k in (1, 2))
-            t1, t2 = (
-                self.timing(plan_costs(collective, algorithm, world, n, itemsize, self.segment_bytes, bpe,
-                                       block, root), algorithm, world, name, nbytes).time_s
-                for n in (n1, n2)
-            )
-            steps = plan_costs(
-                collective, algorithm, world, n2, itemsize, self.segment_bytes, bpe, block, root
-            ).steps
-            base_s = t2 + (t2 - t1) / (n2 - n1) * (count - n2)
-            steps = int(steps * count / n2)
+            (t1, _), (t2, steps2) = run(n1), run(n2)
+            base_s, steps = t2 + (t2 - t1) / (n2 - n1) * (count - n2), int(steps2 * count / n2)
         else:
-            costs = plan_costs(
-                collective, algorithm, world, count, itemsize, self.segment_bytes, bpe, block, root
-            )
-            base_s, steps = self.timing(costs, algorithm, world, name, nbytes).time_s, costs.steps
+            base_s, steps = run(count)
         time_s = base_s * self.link.correction(correction_key(collective, algorithm, world, name), nbytes)
         error = 0.0 if name == "none" else expected_error(name, algorithm, world)
         prediction = Prediction(collective, algorithm, name, world, nbytes, time_s, steps, error)
@@ -586,7 +582,7 @@ class Model:
     def _choose_algorithm(
         self, collective: str, world: int, nbytes: int, itemsize: int, codec: object
     ) -> str:
-        names = CODEC_ALGORITHMS if _codec_layout(codec)[0] != "none" else self.candidates(collective)
+        names = CODEC_ALGORITHMS if codec_layout(codec)[0] != "none" else self.candidates(collective)
         if len(names) == 1 or world == 1:
             return names[0]
         return min(
@@ -621,7 +617,7 @@ class Model:
         return best
 
 
-def _codec_layout(codec: object) -> tuple[str, float | None, int]:
+def codec_layout(codec: object) -> tuple[str, float | None, int]:
     """(kind, wire bytes per element or None, block elements) of ``codec`` (None, a name or a Codec).
     The kind (fp16, bf16, int8, int4, user) names the codec's rates and expected error; a block other
     than the default is taken to cost and err like the default one."""
