@@ -39,7 +39,8 @@ class CMakeBuild(build_ext):
             f"-DPYCOLL_CUDA={cuda.upper()}",
         ]
         if os.environ.get("PYCOLL_CUDA_ARCHS"):
-            args.append(f"-DPYCOLL_CUDA_ARCHS={os.environ['PYCOLL_CUDA_ARCHS']}")
+            archs = os.environ["PYCOLL_CUDA_ARCHS"].replace(",", ";")
+            args.append(f"-DPYCOLL_CUDA_ARCHS={archs}")
         try:
             import ninja  # noqa: F401
 

@@ -16,6 +16,7 @@
 #include "engine/executor.h"
 #include "engine/plan.h"
 #include "kernels/half.h"
+#include "python/bindings.h"
 #include "transport/shm.h"
 
 namespace py = pybind11;
@@ -349,4 +350,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("op"), py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::arg("root"),
            py::arg("codec"), py::arg("codec_id"), py::arg("residual"), py::arg("seed"), py::arg("timeout_s"))
       .def("abort", &NativeCommunicator::abort, py::arg("kind"), py::arg("message"));
+
+  python::bind_cuda(m);
+  python::bind_nccl(m);
 }

@@ -1,0 +1,13 @@
+// Parts of the pybind11 module pycoll._C defined in their own files (module.cc calls each once).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace pycoll::python {
+
+// pycoll._C.cuda: device queries, memory and the kernels on raw device pointers (tests, benchmarks).
+void bind_cuda(pybind11::module_& m);
+// pycoll._C.nccl: the lazily loaded NCCL library and its communicators.
+void bind_nccl(pybind11::module_& m);
+
+}  // namespace pycoll::python
