@@ -59,6 +59,22 @@ class NativePlan:
     @property
     def num_steps(self) -> int: ...
 
+class GroupedProgram:
+    def __init__(
+        self,
+        plan: NativePlan,
+        actions: np.ndarray,
+        msg_bytes: np.ndarray,
+        recv_stage: np.ndarray,
+        send_stage: np.ndarray,
+        work_stage: np.ndarray,
+        staging_bytes: int,
+    ) -> None: ...
+    @property
+    def num_actions(self) -> int: ...
+    @property
+    def staging_bytes(self) -> int: ...
+
 class NativeCommunicator:
     def __init__(
         self,
@@ -96,5 +112,6 @@ class NativeCommunicator:
         residual: int,
         seed: int,
         timeout_s: float,
+        program: GroupedProgram | None = None,
     ) -> None: ...
     def abort(self, kind: int, message: str) -> None: ...

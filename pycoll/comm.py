@@ -17,6 +17,8 @@ from typing import Any, Callable
 from pycoll import _C
 from pycoll.algorithms import build_plan
 from pycoll.algorithms.compressed import build_compressed_plan
+from pycoll.algorithms.grouped import lower_to_groups
+from pycoll.algorithms.plan import Plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, usable_cpus
@@ -39,7 +41,6 @@ def host_id() -> str:
     except OSError:
         boot = "?"
     return f"{socket.gethostname()}/{boot}"
-
 
 
 class Communicator:
@@ -80,6 +81,9 @@ class Communicator:
         self._broken: BaseException | None = None
         self._logged: set[tuple] = set()
         self._closed = False
+        #: Run CPU collectives as grouped programs (whole messages in matched groups, as GPUs run them over
+        #: NCCL) instead of fragment by fragment: slower, and meant for the tests that check those programs.
+        self.grouped_on_cpu = False
 
         # Every rank must be on this host until the TCP transport exists.
         me = host_id()
@@ -167,19 +171,7 @@ class Communicator:
             return plan
         if layout is not None:
             itemsize = 4  # the executor works on float32 (wider types are widened first)
-            segment_blocks = max(1, self.segment_bytes // layout[1])
-            p = build_compressed_plan(algorithm, self.rank, self.world_size, count, layout[0], segment_blocks)
-        else:
-            segment_elems = max(1, self.segment_bytes // itemsize)
-            p = build_plan(
-                collective,
-                algorithm,
-                self.rank,
-                self.world_size,
-                count,
-                root=root,
-                segment_elems=segment_elems,
-            )
+        p = self._python_plan(self.rank, collective, algorithm, count, itemsize, root, layout)
         table, starts = p.to_table()
         plan = _C.NativePlan(
             table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size
@@ -205,6 +197,53 @@ class Communicator:
             for i, step in enumerate(p.steps):
                 log.log(5, "rank %d %s/%s step %d: %s", self.rank, collective, algorithm, i, step)
         return plan
+
+    def _python_plan(
+        self, rank: int, collective: str, algorithm: str, count: int, itemsize: int, root: int, layout: Any
+    ) -> Plan:
+        if layout is not None:
+            segment_blocks = max(1, self.segment_bytes // layout[1])
+            return build_compressed_plan(algorithm, rank, self.world_size, count, layout[0], segment_blocks)
+        segment_elems = max(1, self.segment_bytes // itemsize)
+        return build_plan(
+            collective, algorithm, rank, self.world_size, count, root=root, segment_elems=segment_elems
+        )
+
+    def grouped_program(
+        self, collective: str, algorithm: str, count: int, itemsize: int, root: int = 0, codec: Any = None
+    ) -> Any:
+        """This rank's grouped program (pycoll/algorithms/grouped.py) for the plan ``native_plan`` returns
+        (cached): every rank's plan is built and lowered, which every rank does alike."""
+        layout = None if codec is None else (codec.block_elems, codec.block_bytes)
+        key = ("grouped", collective, algorithm, count, itemsize, root, layout)
+        program = self._plans.get(key)
+        if program is not None:
+            self._plans.move_to_end(key)
+            return program
+        plan = self.native_plan(collective, algorithm, count, itemsize, root, codec)
+        size = 4 if layout is not None else itemsize
+        plans = [
+            self._python_plan(r, collective, algorithm, count, size, root, layout)
+            for r in range(self.world_size)
+        ]
+        if codec is None:
+            programs = lower_to_groups(plans, lambda op: op.count * size)
+        else:
+            programs = lower_to_groups(plans, lambda op: codec.encoded_bytes(op.count), compressed=True)
+        mine = programs[self.rank]
+        program = _C.GroupedProgram(
+            plan,
+            mine.actions,
+            mine.msg_bytes,
+            mine.recv_stage,
+            mine.send_stage,
+            mine.work_stage,
+            mine.staging_bytes,
+        )
+        self._plans[key] = program
+        if len(self._plans) > _PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
+        return program
 
     # ---- running -----------------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -238,6 +277,9 @@ class Communicator:
         if native is None:
             raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
         plan = self.native_plan(collective, algorithm, count, inp.itemsize, root, codec)
+        program = None
+        if self.grouped_on_cpu:
+            program = self.grouped_program(collective, algorithm, count, inp.itemsize, root, codec)
         try:
             native.run(
                 plan,
@@ -254,6 +296,7 @@ class Communicator:
                 0 if residual is None else residual.ptr,
                 0 if codec is None else codec.seed,
                 self.timeout if timeout is None else timeout,
+                program,
             )
         except PycollError as e:
             if not isinstance(e, InvalidUsageError):

@@ -60,6 +60,9 @@ class Executor {
   // aborted first, so the other ranks raise too.
   void run(const NativePlan& plan, const RunArgs& args);
   uint64_t seq() const { return seq_; }
+  // The number of a collective run by other means on the same transport (GroupedExecutor), so that the
+  // numbers stay one sequence.
+  uint64_t claim_seq() { return ++seq_; }
 
  private:
   void run_steps(const NativePlan& plan, const RunArgs& args);

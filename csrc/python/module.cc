@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,8 +13,10 @@
 
 #include "cpu/codec.h"
 #include "cpu/reduce.h"
+#include "engine/cpu_group_backend.h"
 #include "engine/descriptor.h"
 #include "engine/executor.h"
+#include "engine/grouped_executor.h"
 #include "engine/plan.h"
 #include "kernels/half.h"
 #include "python/bindings.h"
@@ -110,6 +113,7 @@ class NativeCommunicator {
       py::gil_scoped_acquire gil;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     };
+    on_idle_ = policy.on_idle;
     executor_ = std::make_unique<Executor>(transport_, policy);
   }
 
@@ -118,7 +122,7 @@ class NativeCommunicator {
   // at the end (accumulation is always float32).
   void run(const NativePlan& plan, uintptr_t input, uintptr_t output, int dtype, int op, int collective, int algorithm,
            int64_t count, int root, const std::shared_ptr<cpu::Codec>& codec, int64_t codec_id, uintptr_t residual,
-           uint64_t seed, double timeout_s) {
+           uint64_t seed, double timeout_s, const std::shared_ptr<GroupedProgram>& program) {
     if (plan.world != transport_.world() || plan.rank != transport_.rank())
       throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
     if (dtype < 0 || dtype >= kNumDTypes) throw Error(ErrorKind::kInvalidUsage, "unknown dtype code");
@@ -140,7 +144,7 @@ class NativeCommunicator {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mu_);
     if (!widen) {
-      executor_->run(plan, args);
+      execute(plan, args, codec.get(), program.get());
       return;
     }
     const uint16_t* in = static_cast<const uint16_t*>(args.input);
@@ -154,12 +158,41 @@ class NativeCommunicator {
       for (size_t i = 0; i < n; ++i) w[i] = bf16_to_float(in[i]);
     }
     args.input = args.output = w;
-    executor_->run(plan, args);
+    execute(plan, args, codec.get(), program.get());
     if (type == DType::kFloat16) {
       for (size_t i = 0; i < n; ++i) out[i] = float_to_half(w[i]);
     } else {
       for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(w[i]);
     }
+  }
+
+  // The fragment executor, or with a program the grouped executor (over this transport and the CPU loops:
+  // how the CPU tests check the programs GPUs run over NCCL).
+  void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program) {
+    if (!program) {
+      executor_->run(plan, args);
+      return;
+    }
+    GroupedArgs g;
+    g.input = args.input;
+    g.output = args.output;
+    g.dtype = args.dtype;
+    g.op = args.op;
+    g.desc = args.desc;
+    g.seq = executor_->claim_seq();
+    staging_.resize(program->staging_bytes);
+    encoded_.resize(codec ? codec->encoded_bytes(plan.output_bytes / 4) : 0);
+    g.staging = staging_.data();
+    g.encoded = encoded_.data();
+    if (codec) {
+      g.compressed = true;
+      g.block_elems = codec->block_elems();
+      g.block_bytes = codec->block_bytes();
+      g.residual = args.residual;
+      g.rounding_key = codec::rounding_key(args.seed, static_cast<uint32_t>(transport_.rank()), g.seq);
+    }
+    CpuGroupBackend backend(transport_, codec, args.timeout_ns, on_idle_);
+    GroupedExecutor::run(plan, *program, g, backend);
   }
 
   void abort(int kind, const std::string& message) { transport_.abort(Error(static_cast<ErrorKind>(kind), message)); }
@@ -172,7 +205,40 @@ class NativeCommunicator {
   std::unique_ptr<Executor> executor_;
   std::mutex mu_;
   std::vector<float> work_;  // float32 copy of a float16 / bfloat16 buffer being all-reduced with a codec
+  std::function<void()> on_idle_;
+  std::vector<uint8_t> staging_, encoded_;  // grouped programs' staging and kEncoded buffers
 };
+
+// A grouped program (pycoll/algorithms/grouped.py) for one compiled plan; validated against it here.
+std::shared_ptr<GroupedProgram> compile_program(
+    const NativePlan& plan, py::array_t<int64_t, py::array::c_style | py::array::forcecast> actions,
+    py::array_t<int64_t, py::array::c_style | py::array::forcecast> msg_bytes,
+    py::array_t<int64_t, py::array::c_style | py::array::forcecast> recv_stage,
+    py::array_t<int64_t, py::array::c_style | py::array::forcecast> send_stage,
+    py::array_t<int64_t, py::array::c_style | py::array::forcecast> work_stage, int64_t staging_bytes) {
+  if (actions.ndim() != 2 || (actions.shape(0) > 0 && actions.shape(1) != 2))
+    throw Error(ErrorKind::kInternal, "program actions must be [n, 2]");
+  auto p = std::make_shared<GroupedProgram>();
+  auto t = actions.unchecked<2>();
+  for (py::ssize_t k = 0; k < actions.shape(0); ++k) {
+    if (t(k, 0) < 0 || t(k, 0) > static_cast<int64_t>(GroupAction::kFinish))
+      throw Error(ErrorKind::kInternal, "grouped program has an unknown action code");
+    p->action.push_back(static_cast<GroupAction>(t(k, 0)));
+    p->op.push_back(static_cast<int32_t>(t(k, 1)));
+  }
+  auto copy = [](auto& out, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& in) {
+    auto v = in.unchecked<1>();
+    for (py::ssize_t i = 0; i < in.size(); ++i) out.push_back(static_cast<std::decay_t<decltype(out[0])>>(v(i)));
+  };
+  copy(p->msg_bytes, msg_bytes);
+  copy(p->recv_stage, recv_stage);
+  copy(p->send_stage, send_stage);
+  copy(p->work_stage, work_stage);
+  if (staging_bytes < 0) throw Error(ErrorKind::kInternal, "negative staging size");
+  p->staging_bytes = static_cast<uint64_t>(staging_bytes);
+  validate_program(*p, plan);
+  return p;
+}
 
 // Codec kernels on numpy arrays, for tests and benchmarks: the executor calls the same functions.
 template <class T>
@@ -307,6 +373,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_steps",
                              [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; });
 
+  py::class_<GroupedProgram, std::shared_ptr<GroupedProgram>>(m, "GroupedProgram")
+      .def(py::init(&compile_program), py::arg("plan"), py::arg("actions"), py::arg("msg_bytes"), py::arg("recv_stage"),
+           py::arg("send_stage"), py::arg("work_stage"), py::arg("staging_bytes"))
+      .def_property_readonly("num_actions", [](const GroupedProgram& p) { return p.action.size(); })
+      .def_property_readonly("staging_bytes", [](const GroupedProgram& p) { return p.staging_bytes; });
+
   py::class_<cpu::Codec, std::shared_ptr<cpu::Codec>>(m, "Codec")
       .def_property_readonly("block_elems", &cpu::Codec::block_elems)
       .def_property_readonly("block_bytes", &cpu::Codec::block_bytes)
@@ -348,7 +420,8 @@ PYBIND11_MODULE(_C, m) {
       .def("close_segment_fd", [](NativeCommunicator& c) { c.transport().close_segment_fd(); })
       .def("run", &NativeCommunicator::run, py::arg("plan"), py::arg("input"), py::arg("output"), py::arg("dtype"),
            py::arg("op"), py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::arg("root"),
-           py::arg("codec"), py::arg("codec_id"), py::arg("residual"), py::arg("seed"), py::arg("timeout_s"))
+           py::arg("codec"), py::arg("codec_id"), py::arg("residual"), py::arg("seed"), py::arg("timeout_s"),
+           py::arg("program") = nullptr)
       .def("abort", &NativeCommunicator::abort, py::arg("kind"), py::arg("message"));
 
   python::bind_cuda(m);

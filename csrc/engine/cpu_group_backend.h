@@ -1,0 +1,51 @@
+// A GroupBackend on CPUs: groups of whole messages moved over a Transport (shared memory) fragment by
+// fragment, all of a group's messages progressing together, and the CPU reduce and codec loops. It runs
+// the grouped programs that GPUs run over NCCL, so the CPU tests check them end to end.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "cpu/codec.h"
+#include "engine/grouped_executor.h"
+#include "transport/transport.h"
+
+namespace pycoll {
+
+class CpuGroupBackend final : public GroupBackend {
+ public:
+  // `codec` may be null (plain collectives); `timeout_ns` bounds the whole collective; `on_idle` is called
+  // between sleeps (it may throw, e.g. to deliver Ctrl-C).
+  CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns, std::function<void()> on_idle)
+      : t_(transport), codec_(codec), timeout_ns_(timeout_ns), on_idle_(std::move(on_idle)) {}
+
+  int rank() const override { return t_.rank(); }
+  int world() const override { return t_.world(); }
+  void begin(uint64_t seq, const Descriptor& desc) override;
+  void group(const P2P* ops, size_t n) override;
+  void reduce(DType dtype, RedOp op, void* dst, void* dst2, const void* a, const void* b, size_t n,
+              int avg_divisor) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void encode(const codec::EncodeArgs& a) override;
+  void decode(const codec::DecodeArgs& a) override;
+  void abort(const Error& error) override { t_.abort(error); }
+
+ private:
+  [[noreturn]] void raise_timeout(int waiting_on_peer);
+
+  using Clock = std::chrono::steady_clock;
+  Transport& t_;
+  const cpu::Codec* codec_;
+  int64_t timeout_ns_;
+  std::function<void()> on_idle_;
+  uint64_t seq_ = 0;
+  uint64_t hash_ = 0;
+  Descriptor desc_{};
+  Clock::time_point start_{}, deadline_{};
+  std::vector<uint64_t> pos_;
+  std::vector<uint8_t> done_, busy_;
+  std::vector<WaitItem> waits_;
+};
+
+}  // namespace pycoll
