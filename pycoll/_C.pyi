@@ -1,4 +1,6 @@
 # Type stubs for the native module built from csrc/python/module.cc.
+from typing import Any
+
 import numpy as np
 
 COLLECTIVES: list[str]
@@ -115,3 +117,46 @@ class NativeCommunicator:
         program: GroupedProgram | None = None,
     ) -> None: ...
     def abort(self, kind: int, message: str) -> None: ...
+
+class _GpuEvent:
+    def __init__(self) -> None: ...
+    def record(self, stream: int) -> None: ...
+    def query(self) -> bool: ...
+    def block(self, stream: int) -> None: ...
+
+class _GpuCommunicator:
+    def __init__(self, nccl_comm: Any) -> None: ...
+    @property
+    def seq(self) -> int: ...
+    def run(
+        self,
+        plan: NativePlan,
+        program: GroupedProgram,
+        input: int,
+        output: int,
+        dtype: int,
+        op: int,
+        collective: int,
+        algorithm: int,
+        count: int,
+        root: int,
+        codec_id: int,
+        codec_kind: int,
+        codec_block: int,
+        codec_rounding: int,
+        block_elems: int,
+        block_bytes: int,
+        encoded_bytes: int,
+        residual: int,
+        seed: int,
+        stream: int,
+    ) -> None: ...
+
+class _GpuModule:
+    built: bool
+    Event: type[_GpuEvent]
+    GpuCommunicator: type[_GpuCommunicator]
+    @staticmethod
+    def pointer_device(ptr: int) -> int: ...
+
+gpu: _GpuModule

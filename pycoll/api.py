@@ -158,9 +158,21 @@ def get_world_size(comm: Communicator | None = None) -> int:
     return get_comm(comm).world_size
 
 
-def _algorithm(comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int) -> str:
-    """``algorithm``, validated; ``auto``: the one the communicator's cost model predicts fastest."""
+def _algorithm(
+    comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int, gpu: bool = False
+) -> str:
+    """``algorithm``, validated; ``auto``: the one the communicator's cost model predicts fastest, and on
+    GPU memory NCCL's own collective."""
     valid = ALGORITHMS[collective]
+    if gpu:
+        if algorithm == "auto":
+            return "nccl"
+        valid = ("nccl", *valid)
+    elif algorithm == "nccl":
+        raise InvalidUsageError(
+            "algorithm='nccl' runs on GPU memory (torch CUDA tensors, CuPy, numba); "
+            "these arrays are in host memory"
+        )
     if algorithm == "auto":
         return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
     if algorithm not in valid:
@@ -168,6 +180,34 @@ def _algorithm(comm: Communicator, collective: str, algorithm: str, nbytes: int,
             f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"
         )
     return algorithm
+
+
+def _on_gpu(x: Buffer, out: Buffer | None = None) -> bool:
+    """Whether the call is on GPU memory; x and out must be in the same place."""
+    if out is not None and x.device != out.device:
+        raise InvalidUsageError(
+            f"x is in {x.where()} memory and out in {out.where()}; both must be in the same place"
+        )
+    return x.on_gpu
+
+
+def _launch_gpu(
+    comm: Communicator,
+    describe: Callable[[], str],
+    collective: str,
+    algorithm: str,
+    run_args: tuple[Any, ...],
+    result: T,
+    async_op: bool,
+) -> Union[T, Work]:
+    """Enqueues a validated collective on GPU memory on the caller's stream; the host does not wait."""
+    inp: Buffer = run_args[0]
+    event, deadline = comm.run_gpu(collective, algorithm, *run_args)
+    if not async_op:
+        return result
+    from pycoll.gpu import GpuWork
+
+    return GpuWork(comm.gpu(), event, deadline, describe(), result, inp.device)
 
 
 def _timeout(timeout: float | None) -> float | None:
@@ -248,6 +288,10 @@ def _compression(
             f"residual must be float32 with as many elements as x ({buf.count}), "
             f"got {res.count} x {res.dtype}"
         )
+    if res.device != buf.device:
+        raise InvalidUsageError(
+            f"residual is in {res.where()} memory but x in {buf.where()}; keep them together"
+        )
     if res.overlaps(buf):
         raise InvalidUsageError("residual must not overlap x")
     return codec, res
@@ -297,10 +341,16 @@ def allreduce(
 ) -> Union[T, Work]:
     """Reduces ``x`` in place across all ranks and returns it (a Work when ``async_op``).
 
-    ``x``: a contiguous numpy array or torch CPU tensor of float32, float64, float16, bfloat16, int32,
-    int64, uint8 or int8. ``op``: sum, avg (floating types), min, max, prod. ``algorithm``: ring, tree,
-    direct, or auto: the one the cost model (pycoll.tuning) predicts fastest for this size and world.
-    Every rank ends with bitwise-identical results.
+    ``x``: a contiguous numpy array or torch tensor (CPU or CUDA), or a CuPy / numba device array, of
+    float32, float64, float16, bfloat16, int32, int64, uint8 or int8. ``op``: sum, avg (floating types),
+    min, max, prod. ``algorithm``: ring, tree, direct, or auto: the one the cost model (pycoll.tuning)
+    predicts fastest for this size and world; on GPU memory also ``nccl`` (NCCL's own all-reduce, what
+    auto means there). Every rank ends with bitwise-identical results.
+
+    GPU memory: the work is enqueued on the caller's stream (torch's current stream; the stream a
+    ``__cuda_array_interface__`` names) and the call returns without waiting for the GPU; ``async_op``
+    gives a Work whose ``wait()`` does. The tensor must be on the communicator's device (its local rank
+    modulo the visible GPUs).
 
     ``compression``: None, "fp16", "bf16", "int8", "int4" or a ``pycoll.compression`` codec; needs float32,
     float16 or bfloat16 data and op sum or avg, and sums in float32. ``algorithm="auto"`` then means direct
@@ -321,12 +371,27 @@ def allreduce(
         if error_budget is not None:
             raise InvalidUsageError('error_budget= applies to compression="auto" only')
         codec, res = _compression(c, compression, residual, buf, op)
+    gpu = _on_gpu(buf)
     if codec is not None and algorithm == "auto":
         algo = auto_algorithm or DEFAULT_COMPRESSED_ALGORITHM
     else:
-        algo = _algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize)
+        algo = _algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize, gpu)
+    if codec is not None and algo == "nccl":
+        raise InvalidUsageError(
+            "algorithm='nccl' does not compress; use ring, tree or direct with compression="
+        )
     _timeout(timeout)
     how = "" if codec is None else f", {codec!r}"
+    if gpu:
+        return _launch_gpu(
+            c,
+            lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo}{how})",
+            "allreduce",
+            algo,
+            (buf, buf, buf.count, code, 0, timeout, codec, res),
+            x,
+            async_op,
+        )
     return _launch(
         c,
         lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo}{how})",
@@ -350,8 +415,19 @@ def broadcast(
     buf = as_buffer(x, "x", writable=True)
     if not isinstance(root, (int, np.integer)) or not 0 <= root < c.world_size:
         raise InvalidUsageError(f"root must be a rank in 0..{c.world_size - 1}, got {root!r}")
-    algo = _algorithm(c, "broadcast", algorithm, buf.nbytes, buf.itemsize)
+    gpu = _on_gpu(buf)
+    algo = _algorithm(c, "broadcast", algorithm, buf.nbytes, buf.itemsize, gpu)
     _timeout(timeout)
+    if gpu:
+        return _launch_gpu(
+            c,
+            lambda: f"broadcast({buf.count} x {buf.dtype}, root={root})",
+            "broadcast",
+            algo,
+            (buf, buf, buf.count, 0, int(root), timeout),
+            x,
+            async_op,
+        )
     return _launch(
         c,
         lambda: f"broadcast({buf.count} x {buf.dtype}, root={root})",
@@ -400,8 +476,19 @@ def reduce_scatter(
             f"x must hold world_size * out.size = {c.world_size} * {ob.count} = {c.world_size * ob.count} "
             f"elements, got {xb.count}"
         )
-    algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize)
+    gpu = _on_gpu(xb, ob)
+    algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
     _timeout(timeout)
+    if gpu:
+        return _launch_gpu(
+            c,
+            lambda: f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
+            "reduce_scatter",
+            algo,
+            (xb, ob, ob.count, code, 0, timeout),
+            out,
+            async_op,
+        )
     return _launch(
         c,
         lambda: f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
@@ -430,8 +517,19 @@ def all_gather(
             f"out must hold world_size * x.size = {c.world_size} * {xb.count} = {c.world_size * xb.count} "
             f"elements, got {ob.count}"
         )
-    algo = _algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize)
+    gpu = _on_gpu(xb, ob)
+    algo = _algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize, gpu)
     _timeout(timeout)
+    if gpu:
+        return _launch_gpu(
+            c,
+            lambda: f"all_gather({xb.count} x {xb.dtype}, {algo})",
+            "all_gather",
+            algo,
+            (xb, ob, xb.count, 0, 0, timeout),
+            out,
+            async_op,
+        )
     return _launch(
         c,
         lambda: f"all_gather({xb.count} x {xb.dtype}, {algo})",

@@ -1,6 +1,11 @@
-"""Turning the caller's arrays (numpy arrays, torch CPU tensors) into what the native core needs:
-an address, an element count and a dtype code, after checking everything that could go wrong, so
-that bad input is reported before any byte is sent."""
+"""Turning the caller's arrays into what the native core needs: an address, an element count, a dtype
+code and, for GPU memory, the device and the stream the caller's work is ordered on, after checking
+everything that could go wrong, so that bad input is reported before any byte is sent.
+
+Host memory: numpy arrays and torch CPU tensors. GPU memory: torch CUDA tensors (on torch's current
+stream of their device), and any object with ``__cuda_array_interface__`` (CuPy, numba device arrays;
+on the stream the interface names, else the legacy default stream). Nothing is copied to the host.
+"""
 
 from __future__ import annotations
 
@@ -29,17 +34,36 @@ OP_CODES = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 SUPPORTED_DTYPES = ", ".join(DTYPE_CODES)
 
 
+#: ``Buffer.device`` of host memory.
+HOST = -1
+
+
 class Buffer:
-    """A contiguous array as the native core sees it (a plain class: this sits on the per-call path)."""
+    """A contiguous array as the native core sees it (a plain class: this sits on the per-call path).
 
-    __slots__ = ("ptr", "count", "dtype", "itemsize", "obj")
+    ``device``: HOST, or the CUDA device index of GPU memory; ``stream``: the CUDA stream (a handle as an
+    int) the caller's work on it is ordered on, for GPU memory.
+    """
 
-    def __init__(self, ptr: int, count: int, dtype: str, itemsize: int, obj: Any) -> None:
+    __slots__ = ("ptr", "count", "dtype", "itemsize", "obj", "device", "stream")
+
+    def __init__(
+        self, ptr: int, count: int, dtype: str, itemsize: int, obj: Any, device: int = HOST, stream: int = 0
+    ) -> None:
         self.ptr = ptr
         self.count = count
         self.dtype = dtype
         self.itemsize = itemsize
         self.obj = obj  # keeps the caller's array alive while the native core uses ptr
+        self.device = device
+        self.stream = stream
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != HOST
+
+    def where(self) -> str:
+        return "cpu" if self.device == HOST else f"cuda:{self.device}"
 
     @property
     def code(self) -> int:
@@ -72,11 +96,8 @@ def _numpy_dtype(x: np.ndarray, name: str) -> str:
 
 
 def _torch_buffer(x: Any, name: str) -> Buffer:
-    if x.device.type != "cpu":
-        raise InvalidUsageError(
-            f"{name} is on {x.device} but this communicator moves CPU memory; pass a CPU tensor "
-            f"(GPU tensors need the CUDA transport)"
-        )
+    if x.device.type not in ("cpu", "cuda"):
+        raise InvalidUsageError(f"{name} is on {x.device}; pycoll moves CPU and CUDA memory only")
     if x.is_sparse if hasattr(x, "is_sparse") else False:
         raise InvalidUsageError(f"{name} is a sparse tensor; pycoll needs a dense, contiguous tensor")
     if not x.is_contiguous():
@@ -89,7 +110,72 @@ def _torch_buffer(x: Any, name: str) -> Buffer:
         raise InvalidUsageError(f"{name} has dtype torch.{dtype}; supported dtypes are {SUPPORTED_DTYPES}")
     if x.is_conj() if hasattr(x, "is_conj") else False:
         raise InvalidUsageError(f"{name} is a lazily conjugated tensor; call .resolve_conj() first")
+    if x.device.type == "cuda":
+        import torch
+
+        device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        stream = int(torch.cuda.current_stream(device).cuda_stream)
+        return Buffer(int(x.data_ptr()), int(x.numel()), dtype, int(x.element_size()), x, device, stream)
     return Buffer(int(x.data_ptr()), int(x.numel()), dtype, int(x.element_size()), x)
+
+
+# __cuda_array_interface__ typestr -> pycoll dtype (bfloat16 has no typestr of its own there).
+_CAI_DTYPES = {
+    "<f4": "float32",
+    "<f8": "float64",
+    "<f2": "float16",
+    "<i4": "int32",
+    "<i8": "int64",
+    "|u1": "uint8",
+    "<u1": "uint8",
+    "|i1": "int8",
+    "<i1": "int8",
+}
+# CUDA's special stream handles in the interface's "stream" entry: 1 is the legacy default stream
+# (handle 0), 2 the per-thread default stream (cudaStreamPerThread, handle 2).
+_CAI_LEGACY_STREAM = 1
+
+
+def _cuda_interface_buffer(x: Any, name: str, writable: bool) -> Buffer:
+    """CuPy arrays, numba device arrays and anything else with ``__cuda_array_interface__``."""
+    cai = x.__cuda_array_interface__
+    shape = tuple(int(n) for n in cai["shape"])
+    typestr = cai["typestr"]
+    dtype = _CAI_DTYPES.get(typestr)
+    if dtype is None:
+        raise InvalidUsageError(
+            f"{name} has element type {typestr!r}; supported dtypes are {SUPPORTED_DTYPES} "
+            f"(bfloat16 as a torch tensor)"
+        )
+    itemsize = int(typestr[2:])
+    count = int(np.prod(shape)) if shape else 1
+    strides = cai.get("strides")
+    if strides is not None and count > 1:
+        expect, step = [], itemsize
+        for n in reversed(shape):
+            expect.append(step)
+            step *= n
+        if any(n > 1 and s != e for n, s, e in zip(shape, strides, reversed(expect))):
+            raise InvalidUsageError(
+                f"{name} must be C-contiguous, got strides {tuple(strides)}; make a contiguous copy first"
+            )
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise InvalidUsageError(f"{name} is read-only, but the result is written into it in place")
+    from pycoll import _C
+
+    if not _C.gpu.built:
+        raise InvalidUsageError(
+            f"{name} is GPU memory, but pycoll was built without CUDA (nvcc was not found when it was "
+            f"installed); reinstall it where the CUDA toolkit is present"
+        )
+    owner = getattr(getattr(x, "device", None), "id", None)  # CuPy names its device; numba does not
+    device = int(owner) if owner is not None else (_C.gpu.pointer_device(int(ptr)) if ptr else HOST)
+    if device == HOST and ptr:
+        raise InvalidUsageError(f"{name} has __cuda_array_interface__ but its memory is not on a CUDA device")
+    stream = cai.get("stream")
+    stream = 0 if stream is None or stream == _CAI_LEGACY_STREAM else int(stream)
+    return Buffer(int(ptr or 0), count, dtype, itemsize, x, device, stream)
 
 
 def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
@@ -108,7 +194,12 @@ def as_buffer(x: Any, name: str, *, writable: bool) -> Buffer:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return _torch_buffer(x, name)
-    raise InvalidUsageError(f"{name} must be a numpy.ndarray or a torch CPU tensor, got {type(x).__name__}")
+    if hasattr(x, "__cuda_array_interface__"):
+        return _cuda_interface_buffer(x, name, writable)
+    raise InvalidUsageError(
+        f"{name} must be a numpy.ndarray, a torch tensor (CPU or CUDA) or a GPU array with "
+        f"__cuda_array_interface__ (CuPy, numba), got {type(x).__name__}"
+    )
 
 
 def op_code(op: str, buf: Buffer) -> int:

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pycoll import _C
 from pycoll.algorithms import build_plan
@@ -25,6 +25,9 @@ from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
 from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
+
+if TYPE_CHECKING:
+    from pycoll.gpu import GpuSide
 
 log = logging.getLogger("pycoll")
 
@@ -84,6 +87,7 @@ class Communicator:
         #: Run CPU collectives as grouped programs (whole messages in matched groups, as GPUs run them over
         #: NCCL) instead of fragment by fragment: slower, and meant for the tests that check those programs.
         self.grouped_on_cpu = False
+        self._gpu: GpuSide | None = None
 
         # Every rank must be on this host until the TCP transport exists.
         me = host_id()
@@ -160,18 +164,27 @@ class Communicator:
 
     # ---- plans -------------------------------------------------------------------------------------
     def native_plan(
-        self, collective: str, algorithm: str, count: int, itemsize: int, root: int = 0, codec: Any = None
+        self,
+        collective: str,
+        algorithm: str,
+        count: int,
+        itemsize: int,
+        root: int = 0,
+        codec: Any = None,
+        segment_bytes: int | None = None,
     ) -> Any:
-        """The compiled plan (cached). With a codec, an all-reduce plan on float32 cut at its blocks."""
+        """The compiled plan (cached). With a codec, an all-reduce plan on float32 cut at its blocks.
+        ``segment_bytes``: the largest message (default: the shared-memory transport's segment)."""
         layout = None if codec is None else (codec.block_elems, codec.block_bytes)
-        key = (collective, algorithm, count, itemsize, root, layout)
+        segment_bytes = segment_bytes or self.segment_bytes
+        key = (collective, algorithm, count, itemsize, root, layout, segment_bytes)
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
         if layout is not None:
             itemsize = 4  # the executor works on float32 (wider types are widened first)
-        p = self._python_plan(self.rank, collective, algorithm, count, itemsize, root, layout)
+        p = self._python_plan(self.rank, collective, algorithm, count, itemsize, root, layout, segment_bytes)
         table, starts = p.to_table()
         plan = _C.NativePlan(
             table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size
@@ -199,31 +212,47 @@ class Communicator:
         return plan
 
     def _python_plan(
-        self, rank: int, collective: str, algorithm: str, count: int, itemsize: int, root: int, layout: Any
+        self,
+        rank: int,
+        collective: str,
+        algorithm: str,
+        count: int,
+        itemsize: int,
+        root: int,
+        layout: Any,
+        segment_bytes: int,
     ) -> Plan:
         if layout is not None:
-            segment_blocks = max(1, self.segment_bytes // layout[1])
+            segment_blocks = max(1, segment_bytes // layout[1])
             return build_compressed_plan(algorithm, rank, self.world_size, count, layout[0], segment_blocks)
-        segment_elems = max(1, self.segment_bytes // itemsize)
+        segment_elems = max(1, segment_bytes // itemsize)
         return build_plan(
             collective, algorithm, rank, self.world_size, count, root=root, segment_elems=segment_elems
         )
 
     def grouped_program(
-        self, collective: str, algorithm: str, count: int, itemsize: int, root: int = 0, codec: Any = None
+        self,
+        collective: str,
+        algorithm: str,
+        count: int,
+        itemsize: int,
+        root: int = 0,
+        codec: Any = None,
+        segment_bytes: int | None = None,
     ) -> Any:
         """This rank's grouped program (pycoll/algorithms/grouped.py) for the plan ``native_plan`` returns
         (cached): every rank's plan is built and lowered, which every rank does alike."""
         layout = None if codec is None else (codec.block_elems, codec.block_bytes)
-        key = ("grouped", collective, algorithm, count, itemsize, root, layout)
+        segment_bytes = segment_bytes or self.segment_bytes
+        key = ("grouped", collective, algorithm, count, itemsize, root, layout, segment_bytes)
         program = self._plans.get(key)
         if program is not None:
             self._plans.move_to_end(key)
             return program
-        plan = self.native_plan(collective, algorithm, count, itemsize, root, codec)
+        plan = self.native_plan(collective, algorithm, count, itemsize, root, codec, segment_bytes)
         size = 4 if layout is not None else itemsize
         plans = [
-            self._python_plan(r, collective, algorithm, count, size, root, layout)
+            self._python_plan(r, collective, algorithm, count, size, root, layout, segment_bytes)
             for r in range(self.world_size)
         ]
         if codec is None:
@@ -306,6 +335,41 @@ class Communicator:
             self._broken = e
             raise
 
+    def gpu(self) -> GpuSide:
+        """The GPU side (NCCL communicator, device, watchdog), made at the first GPU collective."""
+        if self._gpu is None:
+            from pycoll.gpu import GpuSide
+
+            self._gpu = GpuSide(self)
+        return self._gpu
+
+    def run_gpu(
+        self,
+        collective: str,
+        algorithm: str,
+        inp: Buffer,
+        out: Buffer,
+        count: int,
+        op: int,
+        root: int,
+        timeout: float | None,
+        codec: Any = None,
+        residual: Buffer | None = None,
+    ) -> tuple[Any, float]:
+        """Enqueues one collective on GPU memory (pycoll/gpu.py); returns (its CUDA event, deadline)."""
+        self.check_usable()
+        with self._lock:  # one rank's GPU collectives are enqueued in call order, from any thread
+            try:
+                return self.gpu().run(
+                    collective, algorithm, inp, out, count, op, root, timeout, codec, residual
+                )
+            except PycollError as e:
+                if not isinstance(e, InvalidUsageError):
+                    self._broken = e
+                    if self._gpu is not None:
+                        self._gpu.fail(e)
+                raise
+
     def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
         """Runs fn now (sync) or on the communicator's worker thread (async), keeping call order."""
         if self._broken is not None or self._closed:
@@ -346,6 +410,9 @@ class Communicator:
         if self._async is not None:
             self._async.shutdown(wait=True)
             self._async = None
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
         self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
         if any(isinstance(obj, TCPStoreServer) for obj in self._owned) and self._broken is None:
             # This rank hosts the store: do not pull it from under ranks still finishing set-up.

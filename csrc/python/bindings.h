@@ -9,5 +9,7 @@ namespace pycoll::python {
 void bind_cuda(pybind11::module_& m);
 // pycoll._C.nccl: the lazily loaded NCCL library and its communicators.
 void bind_nccl(pybind11::module_& m);
+// pycoll._C.gpu: GPU communicators (grouped programs over NCCL), CUDA events, pointer queries.
+void bind_gpu(pybind11::module_& m);
 
 }  // namespace pycoll::python

@@ -426,4 +426,5 @@ PYBIND11_MODULE(_C, m) {
 
   python::bind_cuda(m);
   python::bind_nccl(m);
+  python::bind_gpu(m);
 }

@@ -1,0 +1,161 @@
+#include "cuda/gpu_backend.h"
+
+#include <string>
+#include <vector>
+
+#include "pycoll/cuda_check.h"
+
+namespace pycoll::cuda {
+
+namespace {
+constexpr uint64_t kAlign = 256;
+uint64_t align_up(uint64_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+}  // namespace
+
+void GpuGroupBackend::begin(uint64_t, const Descriptor&) {
+  comm_.check_async("the start of a collective");
+}
+
+void GpuGroupBackend::group(const P2P* ops, size_t n) {
+  // Empty messages carry nothing on NCCL (both sides know their size from the plan): leave them out.
+  size_t nonempty = 0;
+  for (size_t k = 0; k < n; ++k) nonempty += ops[k].bytes > 0;
+  if (!nonempty) return;
+  nccl::group_start();
+  try {
+    for (size_t k = 0; k < n; ++k) {
+      const P2P& o = ops[k];
+      if (!o.bytes) continue;
+      if (o.send)
+        comm_.send(o.buf, o.bytes, o.peer, stream_);
+      else
+        comm_.recv(o.buf, o.bytes, o.peer, stream_);
+    }
+  } catch (...) {
+    try {
+      nccl::group_end();  // leave NCCL's group depth as it was; the first error is the one to report
+    } catch (...) {
+    }
+    throw;
+  }
+  nccl::group_end();
+}
+
+void GpuGroupBackend::reduce(DType dtype, RedOp op, void* dst, void* dst2, const void* a, const void* b, size_t n,
+                             int avg_divisor) {
+  cuda::reduce(dtype, op, dst, dst2, a, b, n, avg_divisor, stream_);
+}
+
+void GpuGroupBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (!bytes || dst == src) return;
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d < s + bytes && s < d + bytes)  // cudaMemcpyAsync does not allow overlap; plans never ask for it
+    throw Error(ErrorKind::kInternal, "overlapping device copy in a grouped program");
+  PYCOLL_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void GpuGroupBackend::encode(const codec::EncodeArgs& a) {
+  if (!codec_) throw Error(ErrorKind::kInternal, "encode without a codec");
+  cuda::encode(*codec_, a, stream_);
+}
+
+void GpuGroupBackend::decode(const codec::DecodeArgs& a) {
+  if (!codec_) throw Error(ErrorKind::kInternal, "decode without a codec");
+  cuda::decode(*codec_, a, stream_);
+}
+
+// Work already enqueued may wait on peers that will not come: NCCL's abort is what unblocks it.
+void GpuGroupBackend::abort(const Error&) {
+  comm_.abort();
+}
+
+Workspace::~Workspace() {
+  // Teardown must not throw; memory still used by enqueued work is freed after the device finishes it.
+  if (last_use_) {
+    cudaEventSynchronize(last_use_);
+    cudaEventDestroy(last_use_);
+  }
+  if (ptr_) cudaFree(ptr_);
+}
+
+uint8_t* Workspace::acquire(uint64_t bytes, cudaStream_t stream) {
+  if (!last_use_) PYCOLL_CHECK_CUDA(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
+  if (pending_) PYCOLL_CHECK_CUDA(cudaStreamWaitEvent(stream, last_use_, 0));
+  if (bytes > bytes_) {
+    if (pending_) PYCOLL_CHECK_CUDA(cudaEventSynchronize(last_use_));  // rare: the memory grows
+    if (ptr_) PYCOLL_CHECK_CUDA(cudaFree(ptr_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    void* p = nullptr;
+    const uint64_t want = align_up(bytes + bytes / 4);  // some headroom against growing on every call
+    PYCOLL_CHECK_CUDA(cudaMalloc(&p, want));
+    ptr_ = static_cast<uint8_t*>(p);
+    bytes_ = want;
+  }
+  return ptr_;
+}
+
+void Workspace::release(cudaStream_t stream) {
+  PYCOLL_CHECK_CUDA(cudaEventRecord(last_use_, stream));
+  pending_ = true;
+}
+
+void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program, const Call& c) {
+  if (plan.world != comm_->world() || plan.rank != comm_->rank())
+    throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
+  if (comm_->aborted())
+    throw Error(ErrorKind::kBroken, "the NCCL communicator was aborted after an earlier failure; create a new one");
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(c.stream);
+  const bool compressed = c.codec.kind != codec::Kind::kNone;
+  const bool widen = compressed && c.dtype != DType::kFloat32;
+  const uint64_t n = static_cast<uint64_t>(c.desc.count);
+  // Workspace layout: staging | kEncoded | float32 copy of float16 / bfloat16 data.
+  const uint64_t staging = align_up(program.staging_bytes);
+  const uint64_t encoded = compressed ? align_up(c.encoded_bytes) : 0;
+  const uint64_t wide = widen ? align_up(n * 4) : 0;
+  uint8_t* ws = workspace_.acquire(staging + encoded + wide, stream);
+
+  GroupedArgs g;
+  g.input = reinterpret_cast<const void*>(c.input);
+  g.output = reinterpret_cast<void*>(c.output);
+  g.dtype = widen ? DType::kFloat32 : c.dtype;
+  g.op = c.op;
+  g.desc = c.desc;
+  g.seq = ++seq_;
+  g.staging = ws;
+  g.encoded = ws + staging;
+  // float16 / bfloat16 data is compressed as float32: widened by the matching cast codec's decode (its
+  // wire format is exactly those 16 bits) and rounded back by its encode, as the CPU path does.
+  CodecSpec cast;
+  cast.kind = c.dtype == DType::kFloat16 ? codec::Kind::kFp16 : codec::Kind::kBf16;
+  float* work = reinterpret_cast<float*>(ws + staging + encoded);
+  if (widen) {
+    codec::DecodeArgs d;
+    d.in = reinterpret_cast<const uint8_t*>(c.input);
+    d.dst = work;
+    d.n = n;
+    cuda::decode(cast, d, stream);
+    g.input = g.output = work;
+  }
+  if (compressed) {
+    g.compressed = true;
+    g.block_elems = c.block_elems;
+    g.block_bytes = c.block_bytes;
+    g.residual = reinterpret_cast<float*>(c.residual);
+    g.rounding_key = codec::rounding_key(c.seed, static_cast<uint32_t>(comm_->rank()), g.seq);
+  }
+  GpuGroupBackend backend(*comm_, stream, compressed ? &c.codec : nullptr);
+  GroupedExecutor::run(plan, program, g, backend);
+  if (widen) {
+    codec::EncodeArgs e;
+    e.src = work;
+    e.out = reinterpret_cast<uint8_t*>(c.output);
+    e.n = n;
+    cuda::encode(cast, e, stream);
+  }
+  workspace_.release(stream);
+}
+
+}  // namespace pycoll::cuda

@@ -1,0 +1,346 @@
+"""The GPU side of a communicator: collectives on CUDA memory, enqueued on the caller's stream.
+
+``algorithm="nccl"`` calls NCCL's own collective (the baseline). ``ring``, ``tree`` and ``direct`` run
+pycoll's plans, lowered to grouped programs (pycoll/algorithms/grouped.py), as NCCL send / recv groups
+with pycoll's CUDA kernels doing the reductions and codecs, so every built-in codec works on GPUs.
+
+Nothing here waits for the GPU. A collective returns once its work is enqueued; the host waits only in
+``Work.wait()`` (``async_op=True``) or when the caller synchronizes. So that nothing hangs, a watchdog
+thread follows every enqueued collective: past its deadline (or when NCCL reports an asynchronous error,
+such as a lost peer) it aborts the NCCL communicator, which ends the stuck kernels, and the communicator
+is marked broken with the error (every later call raises it).
+
+The device: the communicator's local rank modulo the number of visible GPUs (as torchrun's LOCAL_RANK
+is meant to be used), fixed at the first GPU collective. A tensor on another device is refused with an
+error naming both.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pycoll import _C
+from pycoll.arrays import Buffer
+from pycoll.bootstrap import PrefixStore
+from pycoll.compression.codecs import KIND_CODES, ROUNDING_CODES
+from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
+from pycoll.work import Work
+
+if TYPE_CHECKING:
+    from pycoll.comm import Communicator
+
+log = logging.getLogger("pycoll")
+
+#: Largest message of a plan on GPUs. NCCL moves messages of any size; smaller ones only help where a
+#: fused op can forward a piece while the next arrives (tree), at the cost of a kernel launch each.
+GPU_SEGMENT_BYTES = 16 << 20
+#: How often the watchdog looks at outstanding collectives (seconds).
+WATCHDOG_PERIOD_S = 0.002
+
+
+def _cuda_module() -> Any:
+    cuda = getattr(_C, "cuda", None)
+    if cuda is None or not cuda.built():
+        raise InvalidUsageError(
+            "GPU memory needs pycoll built with CUDA (nvcc was not found when it was installed); "
+            "reinstall it where the CUDA toolkit is present"
+        )
+    return cuda
+
+
+class GpuWork(Work):
+    """A collective enqueued on a stream. ``wait()`` blocks the host until the GPU finished it (polling,
+    with the collective's deadline); ``get_future()`` is a torch future that is stream-aware."""
+
+    def __init__(
+        self, side: GpuSide, event: Any, deadline: float, description: str, result: Any, device: int
+    ) -> None:
+        self._side = side
+        self._event = event
+        self._deadline = deadline
+        self._description = description
+        self._result = result
+        self._device = device
+        self._torch_future: Any = None
+        self._error: BaseException | None = None
+        self._done = False
+
+    def _poll(self) -> bool:
+        if self._done:
+            return True
+        try:
+            done = bool(self._event.query())
+        except PycollError as e:
+            self._error, self._done = e, True
+            return True
+        broken = self._side.comm._broken
+        if not done and broken is not None:
+            self._error, self._done = broken, True
+            return True
+        self._done = done
+        return done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        limit = None if timeout is None else time.monotonic() + timeout
+        pause = 20e-6
+        while not self._poll():
+            now = time.monotonic()
+            if now >= self._deadline:
+                self._side.fail(
+                    CollectiveTimeoutError(
+                        f"{self._description} did not finish on the GPU within its deadline; the NCCL "
+                        f"communicator was aborted. Raise the timeout with timeout= or PYCOLL_TIMEOUT if "
+                        f"the job is only slow"
+                    )
+                )
+                continue
+            if limit is not None and now >= limit:
+                raise CollectiveTimeoutError(
+                    f"{self._description} did not finish within the {timeout} s given to Work.wait()"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._poll()
+
+    def is_success(self) -> bool:
+        return self._poll() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        try:
+            self.wait()
+        except PycollError as e:
+            return e
+        return None
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def get_future(self) -> Any:
+        """A torch.futures.Future (torch must be imported) holding the result. Like NCCL's in torch, it
+        is complete once the work is enqueued and carries the stream order: whoever waits on it, or
+        chains ``then()``, is ordered after the collective on their current stream."""
+        if self._torch_future is None:
+            import torch
+
+            fut: Any = torch.futures.Future(devices=[torch.device("cuda", self._device)])
+            fut.set_result(self._result)
+            self._torch_future = fut
+        return self._torch_future
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "enqueued"
+        return f"<pycoll.Work {self._description} on cuda:{self._device} {state}>"
+
+
+class GpuSide:
+    """One rank's GPU state: its device, NCCL communicator, native GPU communicator and watchdog."""
+
+    def __init__(self, comm: Communicator) -> None:
+        cuda = _cuda_module()
+        count = cuda.device_count()
+        if count == 0:
+            raise InvalidUsageError(
+                f"GPU memory was passed, but no CUDA device is usable: {cuda.device_error()}"
+            )
+        self.comm = comm
+        self.device = comm.local_rank % count
+        self._cuda = cuda
+        self._nccl: Any = None
+        self._native: Any = None
+        self._outstanding: deque[tuple[Any, float, str]] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def check_device(self, buf: Buffer, name: str) -> None:
+        if buf.device != self.device:
+            raise InvalidUsageError(
+                f"{name} is on cuda:{buf.device} but the communicator is on cuda:{self.device} "
+                f"(local rank {self.comm.local_rank} of {self._cuda.device_count()} visible GPUs); "
+                f"put rank r's tensors on cuda:(LOCAL_RANK % device_count), "
+                f"e.g. with torch.cuda.set_device(local_rank)"
+            )
+
+    def nccl(self) -> Any:
+        """The NCCL communicator, made at the first GPU collective (which every rank makes)."""
+        if self._nccl is None:
+            from pycoll.nccl import create_nccl_comm
+
+            previous = self._cuda.get_device()
+            self._cuda.set_device(self.device)
+            try:
+                self._nccl = create_nccl_comm(
+                    PrefixStore(self.comm._store, "nccl"),
+                    self.comm.rank,
+                    self.comm.world_size,
+                    self.comm.timeout,
+                )
+            finally:
+                self._cuda.set_device(previous)
+            self._native = _C.gpu.GpuCommunicator(self._nccl)
+            log.info("rank %d: NCCL communicator on cuda:%d", self.comm.rank, self.device)
+        return self._nccl
+
+    # ---- running -----------------------------------------------------------------------------------
+    def run(
+        self,
+        collective: str,
+        algorithm: str,
+        inp: Buffer,
+        out: Buffer,
+        count: int,
+        op: int,
+        root: int,
+        timeout: float | None,
+        codec: Any = None,
+        residual: Buffer | None = None,
+    ) -> tuple[Any, float]:
+        """Enqueues one collective on the input's stream; returns (event recorded after it, deadline)."""
+        from pycoll.comm import ALGORITHM_CODES, COLLECTIVE_CODES
+
+        self.check_device(inp, "x")
+        if out is not inp:
+            self.check_device(out, "out")
+        if residual is not None:
+            self.check_device(residual, "residual")
+        if codec is not None and codec.kind not in KIND_CODES:
+            raise InvalidUsageError(
+                f"{codec!r} is a user codec, which runs on CPUs only; on GPUs use fp16, bf16, int8 or int4"
+            )
+        nccl = self.nccl()
+        stream = inp.stream
+        previous = self._cuda.get_device()
+        if previous != self.device:
+            self._cuda.set_device(self.device)
+        try:
+            if algorithm == "nccl":
+                if collective == "allreduce":
+                    nccl.all_reduce(inp.ptr, out.ptr, count, inp.code, op, stream)
+                elif collective == "reduce_scatter":
+                    nccl.reduce_scatter(inp.ptr, out.ptr, count, inp.code, op, stream)
+                elif collective == "all_gather":
+                    nccl.all_gather(inp.ptr, out.ptr, count, inp.code, stream)
+                elif collective == "broadcast":
+                    nccl.broadcast(inp.ptr, out.ptr, count, inp.code, root, stream)
+                else:
+                    raise InvalidUsageError(f"algorithm 'nccl' does not run {collective}")
+            else:
+                itemsize = inp.itemsize
+                plan = self.comm.native_plan(
+                    collective, algorithm, count, itemsize, root, codec, GPU_SEGMENT_BYTES
+                )
+                program = self.comm.grouped_program(
+                    collective, algorithm, count, itemsize, root, codec, GPU_SEGMENT_BYTES
+                )
+                kind = block = rounding = 0
+                block_elems = block_bytes = 1
+                encoded = 0
+                if codec is not None:
+                    kind = KIND_CODES[codec.kind]
+                    block = getattr(codec, "block", 1)
+                    rounding = ROUNDING_CODES[codec.rounding]
+                    block_elems, block_bytes = codec.block_elems, codec.block_bytes
+                    encoded = codec.encoded_bytes(count)
+                self._native.run(
+                    plan,
+                    program,
+                    inp.ptr,
+                    out.ptr,
+                    inp.code,
+                    op,
+                    COLLECTIVE_CODES[collective],
+                    ALGORITHM_CODES[algorithm],
+                    count,
+                    root,
+                    0 if codec is None else codec.wire_id,
+                    kind,
+                    block,
+                    rounding,
+                    block_elems,
+                    block_bytes,
+                    encoded,
+                    0 if residual is None else residual.ptr,
+                    0 if codec is None else codec.seed,
+                    stream,
+                )
+            event = _C.gpu.Event()
+            event.record(stream)
+        finally:
+            if previous != self.device:
+                self._cuda.set_device(previous)
+        deadline = time.monotonic() + (self.comm.timeout if timeout is None else timeout)
+        what = f"{collective}({count} x {inp.dtype}, {algorithm}) on cuda:{self.device}"
+        self._watch(event, deadline, what)
+        return event, deadline
+
+    # ---- watchdog ----------------------------------------------------------------------------------
+    def _watch(self, event: Any, deadline: float, description: str) -> None:
+        with self._cond:
+            self._outstanding.append((event, deadline, description))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watchdog, name=f"pycoll-gpu-watchdog-{self.comm.rank}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _watchdog(self) -> None:
+        while True:
+            with self._cond:
+                while not self._outstanding and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                event, deadline, description = self._outstanding[0]
+            try:
+                if event.query():
+                    with self._cond:
+                        self._outstanding.popleft()
+                    continue
+                if self._nccl is not None:
+                    self._nccl.check_async()
+            except PycollError as e:
+                self.fail(e)
+                continue
+            if time.monotonic() >= deadline:
+                self.fail(
+                    CollectiveTimeoutError(
+                        f"{description} on rank {self.comm.rank} did not finish within its deadline; the "
+                        f"NCCL communicator was aborted (a peer may have died, hung or called differently)"
+                    )
+                )
+                continue
+            time.sleep(WATCHDOG_PERIOD_S)
+
+    def fail(self, error: BaseException) -> None:
+        """Aborts the NCCL communicator (ending kernels that wait on peers) and breaks the communicator."""
+        if self.comm._broken is None:
+            self.comm._broken = error
+            log.error("rank %d: %s", self.comm.rank, error)
+        with self._cond:
+            self._outstanding.clear()
+        if self._nccl is not None and not self._nccl.aborted:
+            try:
+                self._nccl.abort()
+            except PycollError:
+                log.debug("NCCL abort failed", exc_info=True)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        self._native = None
+        self._nccl = None  # ncclCommDestroy (or abort, if it failed) when the last reference goes
