@@ -41,6 +41,8 @@ class CMakeBuild(build_ext):
         if os.environ.get("PYCOLL_CUDA_ARCHS"):
             archs = os.environ["PYCOLL_CUDA_ARCHS"].replace(",", ";")
             args.append(f"-DPYCOLL_CUDA_ARCHS={archs}")
+        else:  # back to CMakeLists.txt's default, not the cached value of an earlier PYCOLL_CUDA_ARCHS build
+            args.append("-UPYCOLL_CUDA_ARCHS")
         try:
             import ninja  # noqa: F401
 

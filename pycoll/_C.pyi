@@ -116,6 +116,14 @@ class NativeCommunicator:
         timeout_s: float,
         program: GroupedProgram | None = None,
     ) -> None: ...
+    def run_device(
+        self,
+        gpu: _GpuCommunicator,
+        plan: NativePlan,
+        program: GroupedProgram,
+        call: _GpuCall,
+        timeout_s: float,
+    ) -> None: ...
     def abort(self, kind: int, message: str) -> None: ...
 
 class _GpuEvent:
@@ -124,39 +132,156 @@ class _GpuEvent:
     def query(self) -> bool: ...
     def block(self, stream: int) -> None: ...
 
+class _GpuCall:
+    input: int
+    output: int
+    dtype: int
+    op: int
+    collective: int
+    algorithm: int
+    count: int
+    root: int
+    codec_id: int
+    codec_kind: int
+    codec_block: int
+    codec_rounding: int
+    block_elems: int
+    block_bytes: int
+    encoded_bytes: int
+    residual: int
+    seed: int
+    stream: int
+    def __init__(self) -> None: ...
+
 class _GpuCommunicator:
-    def __init__(self, nccl_comm: Any) -> None: ...
-    @property
-    def seq(self) -> int: ...
-    def run(
-        self,
-        plan: NativePlan,
-        program: GroupedProgram,
-        input: int,
-        output: int,
-        dtype: int,
-        op: int,
-        collective: int,
-        algorithm: int,
-        count: int,
-        root: int,
-        codec_id: int,
-        codec_kind: int,
-        codec_block: int,
-        codec_rounding: int,
-        block_elems: int,
-        block_bytes: int,
-        encoded_bytes: int,
-        residual: int,
-        seed: int,
-        stream: int,
-    ) -> None: ...
+    def __init__(self, nccl_comm: Any = ...) -> None: ...
+    def run(self, plan: NativePlan, program: GroupedProgram, call: _GpuCall) -> None: ...
 
 class _GpuModule:
     built: bool
     Event: type[_GpuEvent]
+    Call: type[_GpuCall]
     GpuCommunicator: type[_GpuCommunicator]
     @staticmethod
     def pointer_device(ptr: int) -> int: ...
 
 gpu: _GpuModule
+
+class _NcclComm:
+    """pycoll._C.nccl.Comm: one rank of a (non-blocking) NCCL communicator on the current CUDA device."""
+
+    def __init__(self, unique_id: bytes, world: int, rank: int, timeout_s: float) -> None: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def aborted(self) -> bool: ...
+    @property
+    def destroyed(self) -> bool: ...
+    def all_reduce(self, send: int, recv: int, count: int, dtype: int, op: int, stream: int) -> None: ...
+    def reduce_scatter(
+        self, send: int, recv: int, recv_count: int, dtype: int, op: int, stream: int
+    ) -> None: ...
+    def all_gather(self, send: int, recv: int, send_count: int, dtype: int, stream: int) -> None: ...
+    def broadcast(self, send: int, recv: int, count: int, dtype: int, root: int, stream: int) -> None: ...
+    def send(self, buf: int, bytes: int, peer: int, stream: int) -> None: ...
+    def recv(self, buf: int, bytes: int, peer: int, stream: int) -> None: ...
+    def check_async(self) -> None: ...
+    def abort(self) -> None: ...
+    def destroy(self) -> None: ...
+
+class _NcclModule:
+    """pycoll._C.nccl (csrc/python/bind_nccl.cc); without CUDA, built() is False and the rest raises."""
+
+    Comm: type[_NcclComm]
+    @staticmethod
+    def built() -> bool: ...
+    @staticmethod
+    def load(path: str) -> None: ...
+    @staticmethod
+    def is_loaded() -> bool: ...
+    @staticmethod
+    def loaded_path() -> str: ...
+    @staticmethod
+    def version() -> int: ...
+    @staticmethod
+    def unique_id() -> bytes: ...
+    @staticmethod
+    def group_start() -> None: ...
+    @staticmethod
+    def group_end() -> None: ...
+
+nccl: _NcclModule
+
+def cpu_reduce(
+    dtype: int,
+    op: int,
+    dst: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    avg_divisor: int = 0,
+    dst2: np.ndarray | None = None,
+) -> None: ...
+
+
+class _CudaModule:
+    """pycoll._C.cuda (csrc/python/bind_cuda.cc): pointers and streams are ints (0: none / default)."""
+
+    @staticmethod
+    def built() -> bool: ...
+    @staticmethod
+    def device_count() -> int: ...
+    @staticmethod
+    def device_error() -> str: ...
+    @staticmethod
+    def get_device() -> int: ...
+    @staticmethod
+    def set_device(device: int) -> None: ...
+    @staticmethod
+    def synchronize(stream: int = 0) -> None: ...
+    @staticmethod
+    def reduce(
+        dtype: int,
+        op: int,
+        dst: int,
+        dst2: int,
+        a: int,
+        b: int,
+        n: int,
+        avg_divisor: int = 0,
+        stream: int = 0,
+    ) -> None: ...
+    @staticmethod
+    def encode(
+        kind: int,
+        block: int,
+        rounding: int,
+        src: int,
+        out: int,
+        n: int,
+        residual: int = 0,
+        residual_scale: float = 1.0,
+        decoded: int = 0,
+        out2: int = 0,
+        index: int = 0,
+        key: int = 0,
+        stream: int = 0,
+    ) -> None: ...
+    @staticmethod
+    def decode(
+        kind: int,
+        block: int,
+        rounding: int,
+        data: int,
+        dst: int,
+        n: int,
+        acc: int = 0,
+        residual: int = 0,
+        divisor: int = 0,
+        stream: int = 0,
+    ) -> None: ...
+
+cuda: _CudaModule

@@ -51,6 +51,7 @@ __all__ = [
     "InvalidUsageError",
     "NcclError",
     "CommunicatorBrokenError",
+    "nccl_version",
 ]
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
         reduce_scatter,
     )
     from pycoll.comm import Communicator  # noqa: F401
+    from pycoll.nccl import nccl_version  # noqa: F401
     from pycoll.work import Work  # noqa: F401
 
 
@@ -84,6 +86,10 @@ def __getattr__(name: str) -> Any:
         from pycoll.comm import Communicator
 
         return Communicator
+    if name == "nccl_version":  # loads NCCL only when called
+        from pycoll.nccl import nccl_version
+
+        return nccl_version
     if name == "Work":
         from pycoll.work import Work
 

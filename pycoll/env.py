@@ -15,6 +15,9 @@
 | PYCOLL_STREAM_BYTES    | collectives with outputs at least this large write results     | off     |
 |                        | with non-temporal stores; off by default, as they measured      |         |
 |                        | slower than plain stores on the VMs pycoll was tuned on        |         |
+| PYCOLL_GPU_TRANSPORT   | how GPU collectives of ring/tree/direct move messages: ``nccl``| nccl    |
+|                        | (send/recv), or ``shm`` (through host shared memory: ranks     |         |
+|                        | that share one GPU, which NCCL refuses, or have no NCCL)       |         |
 | PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
@@ -42,6 +45,7 @@ DEFAULT_SPIN_US = 5000
 STREAM_OFF = 1 << 62
 DEFAULT_YIELD_US = 200
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+GPU_TRANSPORTS = ("nccl", "shm")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Settings:
     spin_us: int | None = None  # None: decide from the number of CPUs and local ranks
     stream_bytes: int = STREAM_OFF
     yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
+    gpu_transport: str = "nccl"
 
     def slot_bytes_for(self, world: int) -> int:
         """Ring slot size. Larger slots mean fewer hand-overs per byte, smaller ones shorter pipeline
@@ -96,7 +101,13 @@ class Settings:
         spin = None if spin_raw in ("", "auto") else int(number("PYCOLL_SPIN_US", 0, int, 0))
         yield_raw = env.get("PYCOLL_YIELD_US", "auto").strip().lower()
         yield_us = None if yield_raw in ("", "auto") else int(number("PYCOLL_YIELD_US", 0, int, 0))
+        gpu_transport = env.get("PYCOLL_GPU_TRANSPORT", "nccl").strip().lower() or "nccl"
+        if gpu_transport not in GPU_TRANSPORTS:
+            raise InvalidUsageError(
+                f"PYCOLL_GPU_TRANSPORT must be one of {', '.join(GPU_TRANSPORTS)}, got {gpu_transport!r}"
+            )
         return cls(
+            gpu_transport=gpu_transport,
             timeout_s=float(number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT_S, float, 0.001)),
             debug=debug,
             shm_slot_bytes=slot_bytes,

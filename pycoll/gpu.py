@@ -10,6 +10,10 @@ thread follows every enqueued collective: past its deadline (or when NCCL report
 such as a lost peer) it aborts the NCCL communicator, which ends the stuck kernels, and the communicator
 is marked broken with the error (every later call raises it).
 
+``PYCOLL_GPU_TRANSPORT=shm`` moves the messages of ring, tree and direct through the communicator's
+shared memory instead (copied to and from the device around each group, the kernels still on the GPU):
+for ranks that share one GPU, which NCCL refuses, or that have no NCCL.
+
 The device: the communicator's local rank modulo the number of visible GPUs (as torchrun's LOCAL_RANK
 is meant to be used), fixed at the first GPU collective. A tensor on another device is refused with an
 error naming both.
@@ -43,8 +47,8 @@ WATCHDOG_PERIOD_S = 0.002
 
 
 def _cuda_module() -> Any:
-    cuda = getattr(_C, "cuda", None)
-    if cuda is None or not cuda.built():
+    cuda = _C.cuda
+    if not cuda.built():
         raise InvalidUsageError(
             "GPU memory needs pycoll built with CUDA (nvcc was not found when it was installed); "
             "reinstall it where the CUDA toolkit is present"
@@ -161,6 +165,8 @@ class GpuSide:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: Messages through the communicator's shared memory instead of NCCL (PYCOLL_GPU_TRANSPORT=shm).
+        self.host_staged = comm.settings.gpu_transport == "shm"
 
     # ---- set-up ------------------------------------------------------------------------------------
     def check_device(self, buf: Buffer, name: str) -> None:
@@ -218,13 +224,19 @@ class GpuSide:
             raise InvalidUsageError(
                 f"{codec!r} is a user codec, which runs on CPUs only; on GPUs use fp16, bf16, int8 or int4"
             )
-        nccl = self.nccl()
+        if algorithm == "nccl" and self.host_staged:
+            raise InvalidUsageError(
+                "algorithm='nccl' needs NCCL; PYCOLL_GPU_TRANSPORT=shm runs ring, tree and direct"
+            )
+        nccl = None if self.host_staged else self.nccl()
+        if self.host_staged and self._native is None:
+            self._native = _C.gpu.GpuCommunicator()
         stream = inp.stream
         previous = self._cuda.get_device()
         if previous != self.device:
             self._cuda.set_device(self.device)
         try:
-            if algorithm == "nccl":
+            if nccl is not None and algorithm == "nccl":
                 if collective == "allreduce":
                     nccl.all_reduce(inp.ptr, out.ptr, count, inp.code, op, stream)
                 elif collective == "reduce_scatter":
@@ -243,37 +255,27 @@ class GpuSide:
                 program = self.comm.grouped_program(
                     collective, algorithm, count, itemsize, root, codec, GPU_SEGMENT_BYTES
                 )
-                kind = block = rounding = 0
-                block_elems = block_bytes = 1
-                encoded = 0
+                call = _C.gpu.Call()
+                call.input, call.output, call.dtype, call.op = inp.ptr, out.ptr, inp.code, op
+                call.collective, call.algorithm = COLLECTIVE_CODES[collective], ALGORITHM_CODES[algorithm]
+                call.count, call.root, call.stream = count, root, stream
                 if codec is not None:
-                    kind = KIND_CODES[codec.kind]
-                    block = getattr(codec, "block", 1)
-                    rounding = ROUNDING_CODES[codec.rounding]
-                    block_elems, block_bytes = codec.block_elems, codec.block_bytes
-                    encoded = codec.encoded_bytes(count)
-                self._native.run(
-                    plan,
-                    program,
-                    inp.ptr,
-                    out.ptr,
-                    inp.code,
-                    op,
-                    COLLECTIVE_CODES[collective],
-                    ALGORITHM_CODES[algorithm],
-                    count,
-                    root,
-                    0 if codec is None else codec.wire_id,
-                    kind,
-                    block,
-                    rounding,
-                    block_elems,
-                    block_bytes,
-                    encoded,
-                    0 if residual is None else residual.ptr,
-                    0 if codec is None else codec.seed,
-                    stream,
-                )
+                    call.codec_id, call.codec_kind = codec.wire_id, KIND_CODES[codec.kind]
+                    call.codec_block = getattr(codec, "block", 1)
+                    call.codec_rounding = ROUNDING_CODES[codec.rounding]
+                    call.block_elems, call.block_bytes = codec.block_elems, codec.block_bytes
+                    call.encoded_bytes = codec.encoded_bytes(count)
+                    call.seed = codec.seed
+                    call.residual = 0 if residual is None else residual.ptr
+                if self.host_staged:
+                    native = self.comm._native
+                    if native is None:
+                        raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+                    native.run_device(
+                        self._native, plan, program, call, self.comm.timeout if timeout is None else timeout
+                    )
+                else:
+                    self._native.run(plan, program, call)
             event = _C.gpu.Event()
             event.record(stream)
         finally:
@@ -325,16 +327,16 @@ class GpuSide:
 
     def fail(self, error: BaseException) -> None:
         """Aborts the NCCL communicator (ending kernels that wait on peers) and breaks the communicator."""
-        if self.comm._broken is None:
-            self.comm._broken = error
-            log.error("rank %d: %s", self.comm.rank, error)
         with self._cond:
             self._outstanding.clear()
-        if self._nccl is not None and not self._nccl.aborted:
+        if self._nccl is not None and not self._nccl.aborted:  # first, so that whoever is told it is over
             try:
                 self._nccl.abort()
             except PycollError:
                 log.debug("NCCL abort failed", exc_info=True)
+        if self.comm._broken is None:
+            self.comm._broken = error
+            log.error("rank %d: %s", self.comm.rank, error)
 
     def close(self) -> None:
         with self._cond:

@@ -20,23 +20,23 @@ static void reduce_plain(void* dst, void* dst2, const void* a, const void* b, si
     const C div = static_cast<C>(avg_divisor);
     if (d2) {
       for (size_t i = 0; i < n; ++i) {
-        S v = Elem<E>::store(Op::apply(Elem<E>::load(pa[i]), Elem<E>::load(pb[i])) / div);
+        S v = reduce_elem_div<E, Op>(pa[i], pb[i], div);
         d[i] = v;
         d2[i] = v;
       }
     } else {
-      for (size_t i = 0; i < n; ++i) d[i] = Elem<E>::store(Op::apply(Elem<E>::load(pa[i]), Elem<E>::load(pb[i])) / div);
+      for (size_t i = 0; i < n; ++i) d[i] = reduce_elem_div<E, Op>(pa[i], pb[i], div);
     }
     return;
   }
   if (d2) {
     for (size_t i = 0; i < n; ++i) {
-      S v = Elem<E>::store(Op::apply(Elem<E>::load(pa[i]), Elem<E>::load(pb[i])));
+      S v = reduce_elem<E, Op>(pa[i], pb[i]);
       d[i] = v;
       d2[i] = v;
     }
   } else {
-    for (size_t i = 0; i < n; ++i) d[i] = Elem<E>::store(Op::apply(Elem<E>::load(pa[i]), Elem<E>::load(pb[i])));
+    for (size_t i = 0; i < n; ++i) d[i] = reduce_elem<E, Op>(pa[i], pb[i]);
   }
 }
 

@@ -14,11 +14,11 @@ uint64_t align_up(uint64_t n) {
 }
 }  // namespace
 
-void GpuGroupBackend::begin(uint64_t, const Descriptor&) {
+void NcclGroupBackend::begin(uint64_t, const Descriptor&) {
   comm_.check_async("the start of a collective");
 }
 
-void GpuGroupBackend::group(const P2P* ops, size_t n) {
+void NcclGroupBackend::group(const P2P* ops, size_t n) {
   // Empty messages carry nothing on NCCL (both sides know their size from the plan): leave them out.
   size_t nonempty = 0;
   for (size_t k = 0; k < n; ++k) nonempty += ops[k].bytes > 0;
@@ -43,12 +43,12 @@ void GpuGroupBackend::group(const P2P* ops, size_t n) {
   nccl::group_end();
 }
 
-void GpuGroupBackend::reduce(DType dtype, RedOp op, void* dst, void* dst2, const void* a, const void* b, size_t n,
-                             int avg_divisor) {
+void GpuKernelBackend::reduce(DType dtype, RedOp op, void* dst, void* dst2, const void* a, const void* b, size_t n,
+                              int avg_divisor) {
   cuda::reduce(dtype, op, dst, dst2, a, b, n, avg_divisor, stream_);
 }
 
-void GpuGroupBackend::copy(void* dst, const void* src, size_t bytes) {
+void GpuKernelBackend::copy(void* dst, const void* src, size_t bytes) {
   if (!bytes || dst == src) return;
   const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
   if (d < s + bytes && s < d + bytes)  // cudaMemcpyAsync does not allow overlap; plans never ask for it
@@ -56,19 +56,59 @@ void GpuGroupBackend::copy(void* dst, const void* src, size_t bytes) {
   PYCOLL_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
-void GpuGroupBackend::encode(const codec::EncodeArgs& a) {
+void GpuKernelBackend::encode(const codec::EncodeArgs& a) {
   if (!codec_) throw Error(ErrorKind::kInternal, "encode without a codec");
   cuda::encode(*codec_, a, stream_);
 }
 
-void GpuGroupBackend::decode(const codec::DecodeArgs& a) {
+void GpuKernelBackend::decode(const codec::DecodeArgs& a) {
   if (!codec_) throw Error(ErrorKind::kInternal, "decode without a codec");
   cuda::decode(*codec_, a, stream_);
 }
 
 // Work already enqueued may wait on peers that will not come: NCCL's abort is what unblocks it.
-void GpuGroupBackend::abort(const Error&) {
+void NcclGroupBackend::abort(const Error&) {
   comm_.abort();
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) cudaFreeHost(ptr_);
+}
+
+uint8_t* PinnedBuffer::reserve(uint64_t bytes) {
+  if (bytes > bytes_) {
+    if (ptr_) PYCOLL_CHECK_CUDA(cudaFreeHost(ptr_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    void* p = nullptr;
+    const uint64_t want = align_up(bytes + bytes / 4);
+    PYCOLL_CHECK_CUDA(cudaMallocHost(&p, want));
+    ptr_ = static_cast<uint8_t*>(p);
+    bytes_ = want;
+  }
+  return ptr_;
+}
+
+void HostStagedGroupBackend::group(const P2P* ops, size_t n) {
+  uint64_t total = 0;
+  for (size_t k = 0; k < n; ++k) total += align_up(ops[k].bytes);
+  // The previous group's copies into the device were enqueued before the synchronization below, so the
+  // bounce buffer is not rewritten while they read it.
+  PYCOLL_CHECK_CUDA(cudaStreamSynchronize(stream_));
+  uint8_t* bounce = bounce_.reserve(total);
+  staged_.assign(ops, ops + n);
+  uint64_t at = 0;
+  for (P2P& o : staged_) {
+    if (o.send && o.bytes)
+      PYCOLL_CHECK_CUDA(cudaMemcpyAsync(bounce + at, o.buf, o.bytes, cudaMemcpyDeviceToHost, stream_));
+    o.buf = bounce + at;
+    at += align_up(o.bytes);
+  }
+  PYCOLL_CHECK_CUDA(cudaStreamSynchronize(stream_));  // the messages leave only once computed
+  host_.group(staged_.data(), staged_.size());
+  for (size_t k = 0; k < n; ++k)
+    if (!ops[k].send && ops[k].bytes)
+      PYCOLL_CHECK_CUDA(cudaMemcpyAsync(ops[k].buf, staged_[k].buf, ops[k].bytes, cudaMemcpyHostToDevice, stream_));
 }
 
 Workspace::~Workspace() {
@@ -102,10 +142,13 @@ void Workspace::release(cudaStream_t stream) {
   pending_ = true;
 }
 
-void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program, const Call& c) {
-  if (plan.world != comm_->world() || plan.rank != comm_->rank())
+void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program, const Call& c, GroupBackend* host) {
+  if (!host && !comm_) throw Error(ErrorKind::kInternal, "a host-staged GPU communicator needs a host backend");
+  const int rank = host ? host->rank() : comm_->rank();
+  const int world = host ? host->world() : comm_->world();
+  if (plan.world != world || plan.rank != rank)
     throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
-  if (comm_->aborted())
+  if (!host && comm_->aborted())
     throw Error(ErrorKind::kBroken, "the NCCL communicator was aborted after an earlier failure; create a new one");
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(c.stream);
   const bool compressed = c.codec.kind != codec::Kind::kNone;
@@ -123,7 +166,7 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   g.dtype = widen ? DType::kFloat32 : c.dtype;
   g.op = c.op;
   g.desc = c.desc;
-  g.seq = ++seq_;
+  g.seq = c.seq ? c.seq : ++seq_;
   g.staging = ws;
   g.encoded = ws + staging;
   // float16 / bfloat16 data is compressed as float32: widened by the matching cast codec's decode (its
@@ -144,10 +187,16 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
     g.block_elems = c.block_elems;
     g.block_bytes = c.block_bytes;
     g.residual = reinterpret_cast<float*>(c.residual);
-    g.rounding_key = codec::rounding_key(c.seed, static_cast<uint32_t>(comm_->rank()), g.seq);
+    g.rounding_key = codec::rounding_key(c.seed, static_cast<uint32_t>(rank), g.seq);
   }
-  GpuGroupBackend backend(*comm_, stream, compressed ? &c.codec : nullptr);
-  GroupedExecutor::run(plan, program, g, backend);
+  const CodecSpec* spec = compressed ? &c.codec : nullptr;
+  if (host) {
+    HostStagedGroupBackend backend(*host, bounce_, stream, spec);
+    GroupedExecutor::run(plan, program, g, backend);
+  } else {
+    NcclGroupBackend backend(*comm_, stream, spec);
+    GroupedExecutor::run(plan, program, g, backend);
+  }
   if (widen) {
     codec::EncodeArgs e;
     e.src = work;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "engine/grouped_executor.h"
@@ -14,27 +15,68 @@
 
 namespace pycoll::cuda {
 
-// A GroupBackend that enqueues on one stream: NCCL groups for the messages, kernels for the rest.
-class GpuGroupBackend final : public GroupBackend {
+// The kernels of a GroupBackend on GPU memory, enqueued on one stream; subclasses move the messages.
+class GpuKernelBackend : public GroupBackend {
  public:
-  GpuGroupBackend(nccl::Comm& comm, cudaStream_t stream, const CodecSpec* codec)
-      : comm_(comm), stream_(stream), codec_(codec) {}
-
-  int rank() const override { return comm_.rank(); }
-  int world() const override { return comm_.world(); }
-  void begin(uint64_t seq, const Descriptor& desc) override;
-  void group(const P2P* ops, size_t n) override;
+  GpuKernelBackend(cudaStream_t stream, const CodecSpec* codec) : stream_(stream), codec_(codec) {}
   void reduce(DType dtype, RedOp op, void* dst, void* dst2, const void* a, const void* b, size_t n,
               int avg_divisor) override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void encode(const codec::EncodeArgs& a) override;
   void decode(const codec::DecodeArgs& a) override;
+
+ protected:
+  cudaStream_t stream_;
+  const CodecSpec* codec_;
+};
+
+// Messages as NCCL send / recv in groups on the stream.
+class NcclGroupBackend final : public GpuKernelBackend {
+ public:
+  NcclGroupBackend(nccl::Comm& comm, cudaStream_t stream, const CodecSpec* codec)
+      : GpuKernelBackend(stream, codec), comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int world() const override { return comm_.world(); }
+  void begin(uint64_t seq, const Descriptor& desc) override;
+  void group(const P2P* ops, size_t n) override;
   void abort(const Error& error) override;
 
  private:
   nccl::Comm& comm_;
-  cudaStream_t stream_;
-  const CodecSpec* codec_;
+};
+
+// Pinned host memory that grows on demand.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  uint8_t* reserve(uint64_t bytes);
+
+ private:
+  uint8_t* ptr_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// Messages through a host-memory GroupBackend (shared memory between processes): each group's outgoing
+// messages are copied to pinned memory, exchanged there, and the incoming ones copied to the device.
+// For ranks that share one GPU, which NCCL refuses, or that have no NCCL; the host waits for the
+// stream at every group, so it is for correctness and small jobs rather than speed.
+class HostStagedGroupBackend final : public GpuKernelBackend {
+ public:
+  HostStagedGroupBackend(GroupBackend& host, PinnedBuffer& bounce, cudaStream_t stream, const CodecSpec* codec)
+      : GpuKernelBackend(stream, codec), host_(host), bounce_(bounce) {}
+  int rank() const override { return host_.rank(); }
+  int world() const override { return host_.world(); }
+  void begin(uint64_t seq, const Descriptor& desc) override { host_.begin(seq, desc); }
+  void group(const P2P* ops, size_t n) override;
+  void abort(const Error& error) override { host_.abort(error); }
+
+ private:
+  GroupBackend& host_;
+  PinnedBuffer& bounce_;
+  std::vector<P2P> staged_;
 };
 
 // Device memory that grows on demand and is reused across calls (staging, the kEncoded buffer, the
@@ -59,13 +101,12 @@ class Workspace {
   bool pending_ = false;
 };
 
-// One rank's GPU side of a communicator: its NCCL communicator and the memory its collectives reuse.
+// One rank's GPU side of a communicator: how its messages travel (its NCCL communicator, or a host
+// backend handed to each run) and the device memory its collectives reuse.
 class GpuCommunicator {
  public:
   explicit GpuCommunicator(std::shared_ptr<nccl::Comm> comm) : comm_(std::move(comm)) {}
-
-  nccl::Comm& nccl() { return *comm_; }
-  uint64_t seq() const { return seq_; }
+  GpuCommunicator() = default;  // host-staged: every run is given the host backend to exchange through
 
   struct Call {
     uintptr_t input, output;
@@ -79,13 +120,15 @@ class GpuCommunicator {
     uintptr_t residual = 0;
     uint64_t seed = 0;
     uintptr_t stream = 0;
+    uint64_t seq = 0;  // the collective's number; 0: this communicator counts its own
   };
-  // Enqueues the plan's grouped program on the call's stream.
-  void run(const NativePlan& plan, const GroupedProgram& program, const Call& call);
+  // Enqueues the plan's grouped program on the call's stream, over NCCL, or through `host` when given.
+  void run(const NativePlan& plan, const GroupedProgram& program, const Call& call, GroupBackend* host = nullptr);
 
  private:
   std::shared_ptr<nccl::Comm> comm_;
   Workspace workspace_;
+  PinnedBuffer bounce_;
   uint64_t seq_ = 0;
 };
 

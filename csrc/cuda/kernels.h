@@ -1,7 +1,8 @@
 // The CUDA kernels, as host functions that enqueue them on a stream: reduce and the codecs, around the
 // same element code as the CPU loops (csrc/kernels/), so a GPU and a CPU give the same bits for the same
-// input. Pointers are device pointers (any alignment; 16-byte vector accesses where alignment allows).
-// Every function checks the launch and throws pycoll::Error; n == 0 enqueues nothing.
+// input. Pointers are device pointers, aligned to their element size (16-byte vector accesses where
+// alignment allows). Every function checks its arguments and the launch and throws pycoll::Error (never
+// prints or exits); n == 0 enqueues nothing.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,7 +28,11 @@ struct CodecSpec {
   codec::Rounding rounding = codec::Rounding::kNearest;
 };
 
+// Throws InvalidUsage for a codec the kernels do not implement (or a bad block size or rounding code).
+void check_codec(const CodecSpec& codec);
+
 // The same semantics and bits as the CPU codecs' encode / decode (csrc/cpu/codec.h), on device memory.
+// Float arrays must be 4-byte aligned; the encoded bytes may start at any address.
 void encode(const CodecSpec& codec, const codec::EncodeArgs& a, cudaStream_t stream);
 void decode(const CodecSpec& codec, const codec::DecodeArgs& a, cudaStream_t stream);
 

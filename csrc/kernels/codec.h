@@ -35,7 +35,7 @@ constexpr uint32_t kMinBlock = 8;
 constexpr uint32_t kMaxBlock = 4096;
 
 // Largest code magnitude of a block-quantized kind.
-constexpr int32_t qmax_of(Kind k) {
+PYCOLL_HD constexpr int32_t qmax_of(Kind k) {
   return k == Kind::kInt8 ? 127 : 7;
 }
 

@@ -1,4 +1,4 @@
-// Element-level reduction operators, shared by the CPU loops (csrc/cpu) and, later, CUDA kernels.
+// Element-level reduction operators, shared by the CPU loops (csrc/cpu) and the CUDA kernels (csrc/cuda).
 // Integers wrap on overflow exactly as numpy does (arithmetic is done in the unsigned type).
 // Floating min/max propagate NaN like numpy.minimum / numpy.maximum.
 #pragma once
@@ -84,5 +84,17 @@ struct OpMax {
       return a > b ? a : b;
   }
 };
+
+// One element of a reduce, as the CPU loops and the CUDA kernels both compute it: a (+) b in the compute
+// type, and for the finalize step of an average, that divided by the divisor (in the compute type too).
+template <class E, class Op>
+PYCOLL_HD typename Elem<E>::storage reduce_elem(typename Elem<E>::storage a, typename Elem<E>::storage b) {
+  return Elem<E>::store(Op::apply(Elem<E>::load(a), Elem<E>::load(b)));
+}
+template <class E, class Op>
+PYCOLL_HD typename Elem<E>::storage reduce_elem_div(typename Elem<E>::storage a, typename Elem<E>::storage b,
+                                                    typename Elem<E>::compute div) {
+  return Elem<E>::store(Op::apply(Elem<E>::load(a), Elem<E>::load(b)) / div);
+}
 
 }  // namespace pycoll

@@ -9,7 +9,10 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
+#include <functional>
+#include <mutex>
 #include <string>
 
 #include "kernels/types.h"
@@ -29,23 +32,35 @@ std::string loaded_path();
 int version();
 UniqueId unique_id();
 
-// ncclGroupStart / ncclGroupEnd: the sends and receives between them progress together.
+// ncclGroupStart / ncclGroupEnd: the sends and receives between them progress together. Groups are per
+// thread and nest; the outermost group_end launches the operations and waits (with each communicator's
+// deadline) until NCCL has taken them, aborting the communicators that miss it (kTimeout).
 void group_start();
 void group_end();
 
-// One rank's membership in an NCCL communicator, on the CUDA device current at construction.
+// Called about every 100 ms while a call waits for NCCL (init, a launch, destroy), e.g. to let the Python
+// layer deliver Ctrl-C. It may throw: the communicator being waited for is then aborted and the
+// exception passes on. Empty by default.
+void set_wait_hook(std::function<void()> hook);
+
+// One rank's membership in an NCCL communicator, on the CUDA device current at construction. The
+// communicator is non-blocking (ncclConfig_t blocking = 0): every call that NCCL answers with ncclInProgress
+// is waited for here, at most timeout_s, so the methods return only once NCCL has taken the operation (the
+// work itself runs on the stream). Calls on one communicator are serialized by a mutex; abort() may come
+// from any thread and also ends a wait in progress on another one.
 class Comm {
  public:
   // Joins the communicator of `world` ranks named by `id` as `rank`. Waits at most timeout_s for the
-  // other ranks (a rank that never comes raises kTimeout instead of hanging).
+  // other ranks (a rank that never comes raises kTimeout instead of hanging). timeout_s is also the
+  // deadline of every later wait (a launch, destroy).
   Comm(const UniqueId& id, int world, int rank, double timeout_s);
-  ~Comm();  // ncclCommDestroy; ncclCommAbort if the communicator failed or was aborted
+  ~Comm();  // destroy(); ncclCommAbort if the communicator failed, or destroy() does not finish in time
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  int device() const { return device_; }
+  int device() const { return device_; }  // -1 when cudaGetDevice failed (NCCL's init normally fails then)
 
   // Collectives on `stream` (counts in elements; avg needs NCCL >= 2.10). The dtypes NCCL lacks
   // (none of pycoll's today) throw InvalidUsage.
@@ -62,14 +77,34 @@ class Comm {
   void check_async(const char* during);
   // ncclCommAbort: unblocks every operation of this communicator; later calls throw kBroken.
   void abort();
-  bool aborted() const { return aborted_; }
+  bool aborted() const { return aborted_.load(); }
+  // ncclCommFinalize (where NCCL has it; waits for the operations in flight, at most timeout_s, else
+  // aborts and throws kTimeout) then ncclCommDestroy. Later calls throw kBroken; a second destroy()
+  // does nothing.
+  void destroy();
+  bool destroyed() const { return destroyed_.load(); }
 
  private:
+  // These expect mu_ to be held.
+  void* live(const char* call) const;  // comm_, or throws kBroken when aborted or destroyed
+  // Waits while NCCL reports ncclInProgress for this communicator; throws (and aborts on timeout).
+  void wait_ready(const char* call);
+  void launched(int result, const char* call);  // checks a collective's or send/recv's result
+  [[noreturn]] void fail(int result, const char* call, bool async);
+  void abort_locked();
+
+  std::mutex mu_;
   void* comm_ = nullptr;  // ncclComm_t
   int rank_ = 0;
   int world_ = 0;
   int device_ = 0;
-  bool aborted_ = false;
+  double timeout_s_ = 0;
+  bool failed_ = false;                       // NCCL reported an asynchronous error: destroy aborts instead
+  std::atomic<bool> abort_requested_{false};  // abort() from another thread ends wait_ready
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> destroyed_{false};
+
+  friend void group_end();
 };
 
 }  // namespace pycoll::nccl

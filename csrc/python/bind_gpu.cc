@@ -10,6 +10,7 @@
 #if PYCOLL_WITH_CUDA
 #include "cuda/gpu_backend.h"
 #include "pycoll/cuda_check.h"
+#include "python/nccl_handle.h"
 #endif
 
 namespace py = pybind11;
@@ -67,39 +68,61 @@ void bind_gpu(py::module_& m) {
       .def("record", &Event::record, py::arg("stream"))
       .def("query", &Event::query)
       .def("block", &Event::block, py::arg("stream"));
+  // One collective's arguments (cuda::GpuCommunicator::Call), filled in by pycoll/gpu.py.
+  using Call = cuda::GpuCommunicator::Call;
+  py::class_<Call>(gpu, "Call")
+      .def(py::init<>())
+      .def_readwrite("input", &Call::input)
+      .def_readwrite("output", &Call::output)
+      .def_property(
+          "dtype", [](const Call& c) { return static_cast<int>(c.dtype); },
+          [](Call& c, int v) {
+            if (v < 0 || v >= kNumDTypes) throw Error(ErrorKind::kInvalidUsage, "unknown dtype code");
+            c.dtype = static_cast<DType>(v);
+            c.desc.dtype = v;
+          })
+      .def_property(
+          "op", [](const Call& c) { return static_cast<int>(c.op); },
+          [](Call& c, int v) {
+            if (v < 0 || v >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code");
+            c.op = static_cast<RedOp>(v);
+            c.desc.op = v;
+          })
+      .def_property(
+          "collective", [](const Call& c) { return c.desc.collective; }, [](Call& c, int v) { c.desc.collective = v; })
+      .def_property(
+          "algorithm", [](const Call& c) { return c.desc.algorithm; }, [](Call& c, int v) { c.desc.algorithm = v; })
+      .def_property(
+          "count", [](const Call& c) { return c.desc.count; }, [](Call& c, int64_t v) { c.desc.count = v; })
+      .def_property(
+          "root", [](const Call& c) { return c.desc.root; }, [](Call& c, int v) { c.desc.root = v; })
+      .def_property(
+          "codec_id", [](const Call& c) { return c.desc.codec; }, [](Call& c, int64_t v) { c.desc.codec = v; })
+      .def_property(
+          "codec_kind", [](const Call& c) { return static_cast<int>(c.codec.kind); },
+          [](Call& c, int v) { c.codec.kind = static_cast<codec::Kind>(v); })
+      .def_property(
+          "codec_block", [](const Call& c) { return c.codec.block; }, [](Call& c, uint32_t v) { c.codec.block = v; })
+      .def_property(
+          "codec_rounding", [](const Call& c) { return static_cast<int>(c.codec.rounding); },
+          [](Call& c, int v) { c.codec.rounding = static_cast<codec::Rounding>(v); })
+      .def_readwrite("block_elems", &Call::block_elems)
+      .def_readwrite("block_bytes", &Call::block_bytes)
+      .def_readwrite("encoded_bytes", &Call::encoded_bytes)
+      .def_readwrite("residual", &Call::residual)
+      .def_readwrite("seed", &Call::seed)
+      .def_readwrite("stream", &Call::stream);
   py::class_<cuda::GpuCommunicator>(gpu, "GpuCommunicator")
-      .def(py::init<std::shared_ptr<nccl::Comm>>(), py::arg("nccl_comm"))
-      .def_property_readonly("seq", &cuda::GpuCommunicator::seq)
+      .def(py::init([](PyComm& nccl) { return std::make_unique<cuda::GpuCommunicator>(nccl.shared()); }),
+           py::arg("nccl_comm"))
+      .def(py::init<>(), "a host-staged GPU communicator: NativeCommunicator.run_device moves its messages")
       .def(
           "run",
-          [](cuda::GpuCommunicator& self, const NativePlan& plan, const GroupedProgram& program, uintptr_t input,
-             uintptr_t output, int dtype, int op, int collective, int algorithm, int64_t count, int root,
-             int64_t codec_id, int codec_kind, uint32_t codec_block, int codec_rounding, uint32_t block_elems,
-             uint32_t block_bytes, uint64_t encoded_bytes, uintptr_t residual, uint64_t seed, uintptr_t stream) {
-            if (dtype < 0 || dtype >= kNumDTypes || op < 0 || op >= kNumRedOps)
-              throw Error(ErrorKind::kInvalidUsage, "unknown dtype or op code");
-            cuda::GpuCommunicator::Call c;
-            c.input = input;
-            c.output = output;
-            c.dtype = static_cast<DType>(dtype);
-            c.op = static_cast<RedOp>(op);
-            c.desc = Descriptor{collective, algorithm, dtype, op, count, root, codec_id};
-            c.codec.kind = static_cast<codec::Kind>(codec_kind);
-            c.codec.block = codec_block;
-            c.codec.rounding = static_cast<codec::Rounding>(codec_rounding);
-            c.block_elems = block_elems;
-            c.block_bytes = block_bytes;
-            c.encoded_bytes = encoded_bytes;
-            c.residual = residual;
-            c.seed = seed;
-            c.stream = stream;
+          [](cuda::GpuCommunicator& self, const NativePlan& plan, const GroupedProgram& program, const Call& call) {
             py::gil_scoped_release release;
-            self.run(plan, program, c);
+            self.run(plan, program, call);
           },
-          py::arg("plan"), py::arg("program"), py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("op"),
-          py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::arg("root"), py::arg("codec_id"),
-          py::arg("codec_kind"), py::arg("codec_block"), py::arg("codec_rounding"), py::arg("block_elems"),
-          py::arg("block_bytes"), py::arg("encoded_bytes"), py::arg("residual"), py::arg("seed"), py::arg("stream"));
+          py::arg("plan"), py::arg("program"), py::arg("call"));
 }
 
 #else

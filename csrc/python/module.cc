@@ -22,6 +22,10 @@
 #include "python/bindings.h"
 #include "transport/shm.h"
 
+#if PYCOLL_WITH_CUDA
+#include "cuda/gpu_backend.h"
+#endif
+
 namespace py = pybind11;
 using namespace pycoll;
 
@@ -195,6 +199,20 @@ class NativeCommunicator {
     GroupedExecutor::run(plan, *program, g, backend);
   }
 
+#if PYCOLL_WITH_CUDA
+  // A collective on GPU memory whose messages travel through this transport (host-staged): for ranks
+  // that share one GPU, which NCCL refuses, or that have no NCCL. Enqueued on the call's stream, but the
+  // host waits for that stream at every group.
+  void run_device(cuda::GpuCommunicator& gpu, const NativePlan& plan, const GroupedProgram& program,
+                  cuda::GpuCommunicator::Call call, double timeout_s) {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    call.seq = executor_->claim_seq();
+    CpuGroupBackend host(transport_, nullptr, static_cast<int64_t>(timeout_s * 1e9), on_idle_);
+    gpu.run(plan, program, call, &host);
+  }
+#endif
+
   void abort(int kind, const std::string& message) { transport_.abort(Error(static_cast<ErrorKind>(kind), message)); }
 
   ShmTransport& transport() { return transport_; }
@@ -304,6 +322,37 @@ void codec_decode(const cpu::Codec& c, py::handle in, py::handle dst, py::handle
   c.decode(a);
 }
 
+// The CPU reduce loop on numpy arrays (any dtype of the right itemsize: float16 / bfloat16 as uint16),
+// so that tests can compare the GPU kernel with it bit for bit.
+void cpu_reduce(int dtype, int op, py::handle dst, py::handle a, py::handle b, int avg_divisor, py::handle dst2) {
+  if (dtype < 0 || dtype >= kNumDTypes)
+    throw Error(ErrorKind::kInvalidUsage, "unknown dtype code " + std::to_string(dtype));
+  if (op < 0 || op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code " + std::to_string(op));
+  const size_t es = dtype_size(static_cast<DType>(dtype));
+  void* d = array_data<void>(dst, "dst");
+  void* d2 = array_data<void>(dst2, "dst2", false);
+  const size_t nbytes = array_nbytes(dst);
+  auto input = [&](py::handle h, const char* what) -> const void* {
+    if (!py::isinstance<py::array>(h))
+      throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be a numpy array");
+    py::array arr = py::reinterpret_borrow<py::array>(h);
+    if (!(arr.flags() & py::array::c_style))
+      throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be C-contiguous");
+    if (static_cast<size_t>(arr.nbytes()) != nbytes)
+      throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must have as many bytes as dst");
+    return arr.data();
+  };
+  const void* pa = input(a, "a");
+  const void* pb = input(b, "b");
+  if (d2 && array_nbytes(dst2) != nbytes) throw Error(ErrorKind::kInvalidUsage, "dst2 must have as many bytes as dst");
+  if (py::reinterpret_borrow<py::array>(dst).itemsize() != static_cast<py::ssize_t>(es))
+    throw Error(ErrorKind::kInvalidUsage, std::string("dst must have items of ") + std::to_string(es) + " bytes for " +
+                                              dtype_name(static_cast<DType>(dtype)));
+  const cpu::ReduceFn fn = cpu::reduce_fn(static_cast<DType>(dtype), static_cast<RedOp>(op));
+  py::gil_scoped_release release;
+  fn(d, d2, pa, pb, nbytes / es, avg_divisor, false);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -404,6 +453,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("name"), py::arg("block_elems"), py::arg("block_bytes"), py::arg("tail_bytes"), py::arg("encode"),
       py::arg("decode"));
+  m.def("cpu_reduce", &cpu_reduce, py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("a"), py::arg("b"),
+        py::arg("avg_divisor") = 0, py::arg("dst2") = py::none(),
+        "the CPU reduce loop on numpy arrays: dst = a (+) b (also into dst2), / avg_divisor when > 0");
   m.def("rounding_key", &codec::rounding_key, py::arg("seed"), py::arg("rank"), py::arg("seq"));
   m.def("codec_isa", &cpu::codec_isa, "instruction set of the CPU codec loops in use");
 
@@ -422,6 +474,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("op"), py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::arg("root"),
            py::arg("codec"), py::arg("codec_id"), py::arg("residual"), py::arg("seed"), py::arg("timeout_s"),
            py::arg("program") = nullptr)
+#if PYCOLL_WITH_CUDA
+      .def("run_device", &NativeCommunicator::run_device, py::arg("gpu"), py::arg("plan"), py::arg("program"),
+           py::arg("call"), py::arg("timeout_s"))
+#endif
       .def("abort", &NativeCommunicator::abort, py::arg("kind"), py::arg("message"));
 
   python::bind_cuda(m);

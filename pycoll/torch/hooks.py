@@ -154,7 +154,7 @@ class HookState(CommState):
         key = (index, layout or ((buffer.numel(),),))
         r = self.residuals.get(key)
         if r is None or r.numel() != buffer.numel():
-            r = torch.zeros(buffer.numel(), dtype=torch.float32)
+            r = torch.zeros(buffer.numel(), dtype=torch.float32, device=buffer.device)
             self.residuals[key] = r
         self.last_used[key] = self.iter
         return r

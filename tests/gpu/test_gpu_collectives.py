@@ -25,18 +25,9 @@ ALGORITHMS = ("nccl", "ring", "tree", "direct")
 SIZES = (0, 1, 7, 1000, 1 << 20 | 3)
 
 
-@pytest.fixture(scope="module")
-def comm():
-    from pycoll.bootstrap import TCPStoreServer
-    from pycoll.bootstrap.store import TCPStoreClient
-
-    server = TCPStoreServer("127.0.0.1", 0)
-    client = TCPStoreClient("127.0.0.1", server.port, timeout=60)
-    c = pycoll.init(store=client, rank=0, world_size=1, timeout=60, set_default=False)
-    yield c
-    pycoll.finalize(c)
-    client.close()
-    server.close()
+@pytest.fixture
+def comm(one_rank_comm_for_module):
+    return one_rank_comm_for_module
 
 
 def _tensor(n, dtype, seed=0):

@@ -115,19 +115,8 @@ def test_torch_tensors_on_other_devices_are_refused():
 
 
 @pytest.fixture
-def one_rank():
-    """A one-rank communicator over an in-process store."""
-    import pycoll
-    from pycoll.bootstrap import TCPStoreServer
-    from pycoll.bootstrap.store import TCPStoreClient
-
-    server = TCPStoreServer("127.0.0.1", 0)
-    client = TCPStoreClient("127.0.0.1", server.port, timeout=20)
-    comm = pycoll.init(store=client, rank=0, world_size=1, timeout=20, set_default=False)
-    yield comm
-    pycoll.finalize(comm)
-    client.close()
-    server.close()
+def one_rank(one_rank_comm):
+    return one_rank_comm
 
 
 def test_nccl_algorithm_needs_gpu_memory(one_rank):

@@ -1,0 +1,175 @@
+"""The Python side of GPU collectives (pycoll/gpu.py) with the CUDA and NCCL pieces replaced by fakes.
+
+What runs on a real GPU is in tests/gpu/; here, without one, the checks are of what pycoll hands the
+native side (pointers, codes, codec layout, streams, the plan and its grouped program), how Work waits,
+and that the watchdog turns a collective past its deadline or an NCCL error into an aborted NCCL
+communicator and a broken pycoll communicator instead of a hang.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+import pycoll
+from pycoll import _C
+from pycoll import gpu as gpu_module
+from pycoll.errors import CollectiveTimeoutError, CommunicatorBrokenError, PeerLostError
+
+pytestmark = pytest.mark.skipif(not _C.gpu.built, reason="this pycoll was built without CUDA (no nvcc)")
+
+
+class DeviceArray:
+    def __init__(self, n, typestr="<f4", ptr=0x7F0000000000, stream=None):
+        self.__cuda_array_interface__ = {
+            "shape": (n,),
+            "typestr": typestr,
+            "data": (ptr, False),
+            "version": 3,
+        }
+        if stream is not None:
+            self.__cuda_array_interface__["stream"] = stream
+        self.device = types.SimpleNamespace(id=0)
+
+
+class FakeEvent:
+    done = True  # what every new event's query() answers
+
+    def __init__(self):
+        self.stream = None
+        self.answer = FakeEvent.done
+
+    def record(self, stream):
+        self.stream = stream
+
+    def query(self):
+        return self.answer
+
+
+class FakeNccl:
+    def __init__(self):
+        self.calls, self.aborted, self.async_error = [], False, None
+
+    def __getattr__(self, name):  # all_reduce, reduce_scatter, all_gather, broadcast
+        return lambda *args: self.calls.append((name, args))
+
+    def check_async(self):
+        if self.async_error is not None:
+            raise self.async_error
+
+    def abort(self):
+        self.aborted = True
+
+
+class FakeGpuCommunicator:
+    def __init__(self, nccl=None):
+        self.nccl, self.runs = nccl, []
+
+    def run(self, plan, program, call):
+        self.runs.append((plan, program, call))
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    nccl = FakeNccl()
+    cuda = types.SimpleNamespace(
+        built=lambda: True,
+        device_count=lambda: 1,
+        device_error=lambda: "",
+        get_device=lambda: 0,
+        set_device=lambda i: None,
+    )
+    gpu = types.SimpleNamespace(Event=FakeEvent, Call=_C.gpu.Call, GpuCommunicator=FakeGpuCommunicator)
+    monkeypatch.setattr(gpu_module, "_C", types.SimpleNamespace(cuda=cuda, gpu=gpu))
+    import pycoll.nccl
+
+    monkeypatch.setattr(pycoll.nccl, "create_nccl_comm", lambda store, rank, world, timeout: nccl)
+    monkeypatch.setattr(gpu_module, "WATCHDOG_PERIOD_S", 0.001)
+    FakeEvent.done = True
+    return nccl
+
+
+@pytest.fixture
+def comm(one_rank_comm):
+    return one_rank_comm
+
+
+def test_nccl_algorithm_hands_nccl_the_pointers_codes_and_stream(fakes, comm):
+    x = DeviceArray(1000, stream=0x5000)
+    assert pycoll.allreduce(x, "max", comm=comm) is x  # auto on GPU memory: NCCL's all-reduce
+    assert fakes.calls == [("all_reduce", (0x7F0000000000, 0x7F0000000000, 1000, 0, 3, 0x5000))]
+    out = DeviceArray(3000, ptr=0x7F0000100000)
+    pycoll.all_gather(DeviceArray(3000), out, algorithm="nccl", comm=comm)
+    assert fakes.calls[-1] == ("all_gather", (0x7F0000000000, 0x7F0000100000, 3000, 0, 0))
+
+
+def test_plans_run_as_grouped_programs_with_the_codec_layout(fakes, comm):
+    x, res = DeviceArray(5000), DeviceArray(5000, ptr=0x7F0000200000)
+    pycoll.allreduce(
+        x, "avg", algorithm="ring", compression=pycoll.compression.Int8(block=64), residual=res, comm=comm
+    )
+    plan, program, call = comm._gpu._native.runs[-1]
+    assert isinstance(plan, _C.NativePlan) and isinstance(program, _C.GroupedProgram)
+    assert (call.input, call.output, call.dtype, call.op, call.count) == (
+        x.__cuda_array_interface__["data"][0],
+    ) * 2 + (0, 1, 5000)
+    assert (call.codec_kind, call.codec_block, call.block_elems, call.block_bytes) == (3, 64, 64, 68)
+    assert call.encoded_bytes == pycoll.compression.Int8(block=64).encoded_bytes(5000)
+    assert call.residual == 0x7F0000200000 and call.algorithm == _C.ALGORITHMS.index("ring")
+    assert fakes.calls == []  # NCCL's own collectives were not used
+
+
+def test_async_work_waits_for_the_event_and_times_out_without_breaking(fakes, comm):
+    FakeEvent.done = False
+    work = pycoll.allreduce(DeviceArray(10), algorithm="direct", comm=comm, async_op=True)
+    assert not work.is_completed()
+    with pytest.raises(CollectiveTimeoutError, match="given to Work.wait"):
+        work.wait(timeout=0.05)
+    assert comm._broken is None
+    work._event.answer = True
+    assert work.wait() is True and work.is_success() and work.exception() is None
+
+
+def test_watchdog_aborts_nccl_and_breaks_the_communicator_past_the_deadline(fakes, comm):
+    FakeEvent.done = False
+    pycoll.allreduce(DeviceArray(10), comm=comm, timeout=0.05)
+    deadline = time.monotonic() + 5
+    while comm._broken is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert isinstance(comm._broken, CollectiveTimeoutError) and fakes.aborted
+    with pytest.raises(CommunicatorBrokenError, match="did not finish within its deadline"):
+        pycoll.allreduce(DeviceArray(10), comm=comm)
+
+
+def test_an_nccl_async_error_breaks_the_communicator(fakes, comm):
+    FakeEvent.done = False
+    fakes.async_error = PeerLostError("NCCL reports a remote peer failed", 1)
+    work = pycoll.allreduce(DeviceArray(10), comm=comm, async_op=True)
+    with pytest.raises(PeerLostError):
+        work.wait()
+    assert fakes.aborted and isinstance(comm._broken, PeerLostError)
+
+
+def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes, comm, monkeypatch):
+    monkeypatch.setattr(comm, "settings", comm.settings.__class__(gpu_transport="shm"))
+    seen = []
+
+    class Native:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def run_device(self, gpu, plan, program, call, timeout_s):
+            seen.append((gpu, call.count, timeout_s))
+
+    real = comm._native
+    comm._native = Native()
+    try:
+        pycoll.allreduce(DeviceArray(77), algorithm="tree", comm=comm, timeout=9)
+        with pytest.raises(pycoll.InvalidUsageError, match="needs NCCL"):
+            pycoll.allreduce(DeviceArray(77), algorithm="nccl", comm=comm)
+    finally:
+        comm._native = real
+    assert len(seen) == 1 and seen[0][1:] == (77, 9) and isinstance(seen[0][0], FakeGpuCommunicator)
+    assert fakes.calls == []
