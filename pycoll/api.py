@@ -202,12 +202,12 @@ def _launch_gpu(
 ) -> Union[T, Work]:
     """Enqueues a validated collective on GPU memory on the caller's stream; the host does not wait."""
     inp: Buffer = run_args[0]
-    event, deadline = comm.run_gpu(collective, algorithm, *run_args)
+    enqueued = comm.run_gpu(collective, algorithm, *run_args)
     if not async_op:
         return result
     from pycoll.gpu import GpuWork
 
-    return GpuWork(comm.gpu(), event, deadline, describe(), result, inp.device)
+    return GpuWork(comm.gpu(), enqueued, describe(), result, inp.device)
 
 
 def _timeout(timeout: float | None) -> float | None:

@@ -27,7 +27,7 @@ from pycoll.tuning import Model
 from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
 
 if TYPE_CHECKING:
-    from pycoll.gpu import GpuSide
+    from pycoll.gpu import Enqueued, GpuSide
 
 log = logging.getLogger("pycoll")
 
@@ -355,8 +355,8 @@ class Communicator:
         timeout: float | None,
         codec: Any = None,
         residual: Buffer | None = None,
-    ) -> tuple[Any, float]:
-        """Enqueues one collective on GPU memory (pycoll/gpu.py); returns (its CUDA event, deadline)."""
+    ) -> Enqueued:
+        """Enqueues one collective on GPU memory (pycoll/gpu.py); returns it (its CUDA event, deadline)."""
         self.check_usable()
         with self._lock:  # one rank's GPU collectives are enqueued in call order, from any thread
             try:

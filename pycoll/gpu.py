@@ -22,10 +22,11 @@ error naming both.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pycoll import _C
 from pycoll.arrays import Buffer
@@ -42,8 +43,9 @@ log = logging.getLogger("pycoll")
 #: Largest message of a plan on GPUs. NCCL moves messages of any size; smaller ones only help where a
 #: fused op can forward a piece while the next arrives (tree), at the cost of a kernel launch each.
 GPU_SEGMENT_BYTES = 16 << 20
-#: How often the watchdog looks at outstanding collectives (seconds).
-WATCHDOG_PERIOD_S = 0.002
+#: How often the watchdog looks at outstanding collectives (seconds). Deadlines are seconds long; each look
+#: takes the GIL from the thread that feeds the GPU, so it is not done more often than needed.
+WATCHDOG_PERIOD_S = 0.01
 
 
 def _cuda_module() -> Any:
@@ -56,16 +58,36 @@ def _cuda_module() -> Any:
     return cuda
 
 
+def _finished(event: Any) -> bool:
+    try:
+        return bool(event.query())
+    except PycollError:
+        return False
+
+
+class Enqueued:
+    """One collective enqueued on a stream: the event recorded after it, its deadline, and the error that
+    ended it when the communicator failed before it finished. Once NCCL is aborted its kernels return
+    and the event completes, so the event alone cannot tell a finished collective from an aborted one."""
+
+    __slots__ = ("event", "deadline", "description", "error")
+
+    def __init__(self, event: Any, deadline: float, description: str) -> None:
+        self.event = event
+        self.deadline = deadline
+        self.description = description
+        self.error: BaseException | None = None
+
+
 class GpuWork(Work):
     """A collective enqueued on a stream. ``wait()`` blocks the host until the GPU finished it (polling,
     with the collective's deadline); ``get_future()`` is a torch future that is stream-aware."""
 
-    def __init__(
-        self, side: GpuSide, event: Any, deadline: float, description: str, result: Any, device: int
-    ) -> None:
+    def __init__(self, side: GpuSide, enqueued: Enqueued, description: str, result: Any, device: int) -> None:
         self._side = side
-        self._event = event
-        self._deadline = deadline
+        self._enqueued = enqueued
+        self._event = enqueued.event
+        self._deadline = enqueued.deadline
         self._description = description
         self._result = result
         self._device = device
@@ -79,7 +101,10 @@ class GpuWork(Work):
         try:
             done = bool(self._event.query())
         except PycollError as e:
-            self._error, self._done = e, True
+            self._error, self._done = self._enqueued.error or e, True
+            return True
+        if self._enqueued.error is not None:  # aborted (its event completes once NCCL is)
+            self._error, self._done = self._enqueued.error, True
             return True
         broken = self._side.comm._broken
         if not done and broken is not None:
@@ -136,8 +161,14 @@ class GpuWork(Work):
         if self._torch_future is None:
             import torch
 
-            fut: Any = torch.futures.Future(devices=[torch.device("cuda", self._device)])
-            fut.set_result(self._result)
+            device = torch.device("cuda", self._device)
+            with torch.cuda.device(device):
+                # The future records its event on the current stream, which need not be the one the
+                # collective was enqueued on (get_future() may come later, under another stream): make
+                # that stream wait for the collective first.
+                self._event.block(torch.cuda.current_stream(device).cuda_stream)
+                fut: Any = torch.futures.Future(devices=[device])
+                fut.set_result(self._result)
             self._torch_future = fut
         return self._torch_future
 
@@ -161,10 +192,11 @@ class GpuSide:
         self._cuda = cuda
         self._nccl: Any = None
         self._native: Any = None
-        self._outstanding: deque[tuple[Any, float, str]] = deque()
+        self._outstanding: deque[Enqueued] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._failure: BaseException | None = None  # the first error fail() was given
         #: Messages through the communicator's shared memory instead of NCCL (PYCOLL_GPU_TRANSPORT=shm).
         self.host_staged = comm.settings.gpu_transport == "shm"
 
@@ -178,13 +210,29 @@ class GpuSide:
                 f"e.g. with torch.cuda.set_device(local_rank)"
             )
 
+    def _use_device(self) -> Callable[[], None] | None:
+        """Makes the communicator's device current on this thread (kernels, cudaMalloc, events and NCCL act
+        on the current device); returns what restores the caller's, None when it already was current."""
+        previous = self._cuda.get_device()
+        if previous == self.device:
+            return None
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            # torch's own guard: restoring a device the caller never used must not create a CUDA context
+            # on it (cudaSetDevice does, since CUDA 12), which every rank would do on cuda:0.
+            guard = torch.cuda.device(self.device)
+            guard.__enter__()
+            return lambda: guard.__exit__(None, None, None)
+        cuda = self._cuda
+        cuda.set_device(self.device)
+        return lambda: cuda.set_device(previous)
+
     def nccl(self) -> Any:
         """The NCCL communicator, made at the first GPU collective (which every rank makes)."""
         if self._nccl is None:
             from pycoll.nccl import create_nccl_comm
 
-            previous = self._cuda.get_device()
-            self._cuda.set_device(self.device)
+            restore = self._use_device()
             try:
                 self._nccl = create_nccl_comm(
                     PrefixStore(self.comm._store, "nccl"),
@@ -193,7 +241,8 @@ class GpuSide:
                     self.comm.timeout,
                 )
             finally:
-                self._cuda.set_device(previous)
+                if restore is not None:
+                    restore()
             self._native = _C.gpu.GpuCommunicator(self._nccl)
             log.info("rank %d: NCCL communicator on cuda:%d", self.comm.rank, self.device)
         return self._nccl
@@ -211,8 +260,9 @@ class GpuSide:
         timeout: float | None,
         codec: Any = None,
         residual: Buffer | None = None,
-    ) -> tuple[Any, float]:
-        """Enqueues one collective on the input's stream; returns (event recorded after it, deadline)."""
+    ) -> Enqueued:
+        """Enqueues one collective on the input's stream; returns it (the event recorded after it, its
+        deadline), followed by the watchdog."""
         from pycoll.comm import ALGORITHM_CODES, COLLECTIVE_CODES
 
         self.check_device(inp, "x")
@@ -232,9 +282,7 @@ class GpuSide:
         if self.host_staged and self._native is None:
             self._native = _C.gpu.GpuCommunicator()
         stream = inp.stream
-        previous = self._cuda.get_device()
-        if previous != self.device:
-            self._cuda.set_device(self.device)
+        restore = self._use_device()
         try:
             if nccl is not None and algorithm == "nccl":
                 if collective == "allreduce":
@@ -279,17 +327,21 @@ class GpuSide:
             event = _C.gpu.Event()
             event.record(stream)
         finally:
-            if previous != self.device:
-                self._cuda.set_device(previous)
+            if restore is not None:
+                restore()
         deadline = time.monotonic() + (self.comm.timeout if timeout is None else timeout)
         what = f"{collective}({count} x {inp.dtype}, {algorithm}) on cuda:{self.device}"
-        self._watch(event, deadline, what)
-        return event, deadline
+        enqueued = Enqueued(event, deadline, what)
+        self._watch(enqueued)
+        return enqueued
 
     # ---- watchdog ----------------------------------------------------------------------------------
-    def _watch(self, event: Any, deadline: float, description: str) -> None:
+    def _watch(self, enqueued: Enqueued) -> None:
         with self._cond:
-            self._outstanding.append((event, deadline, description))
+            if self._failure is not None:  # enqueued while fail() aborted NCCL: it may not have run
+                enqueued.error = self._failure
+                return
+            self._outstanding.append(enqueued)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._watchdog, name=f"pycoll-gpu-watchdog-{self.comm.rank}", daemon=True
@@ -298,40 +350,58 @@ class GpuSide:
             self._cond.notify()
 
     def _watchdog(self) -> None:
+        try:  # a CUDA call on a thread without a current device would make a context on cuda:0
+            self._cuda.set_device(self.device)
+        except PycollError:
+            log.debug("the watchdog could not make cuda:%d current", self.device, exc_info=True)
         while True:
             with self._cond:
                 while not self._outstanding and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                event, deadline, description = self._outstanding[0]
+                head = self._outstanding[0]
             try:
-                if event.query():
+                if head.event.query():
                     with self._cond:
-                        self._outstanding.popleft()
+                        if self._outstanding and self._outstanding[0] is head:
+                            self._outstanding.popleft()
                     continue
-                if self._nccl is not None:
-                    self._nccl.check_async()
+                nccl = self._nccl
+                if nccl is not None:
+                    nccl.check_async()
             except PycollError as e:
                 self.fail(e)
                 continue
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= head.deadline:
                 self.fail(
                     CollectiveTimeoutError(
-                        f"{description} on rank {self.comm.rank} did not finish within its deadline; the "
-                        f"NCCL communicator was aborted (a peer may have died, hung or called differently)"
+                        f"{head.description} on rank {self.comm.rank} did not finish within its "
+                        f"deadline; the NCCL communicator was aborted (a peer may have died, hung or called "
+                        f"differently)"
                     )
                 )
                 continue
             time.sleep(WATCHDOG_PERIOD_S)
 
     def fail(self, error: BaseException) -> None:
-        """Aborts the NCCL communicator (ending kernels that wait on peers) and breaks the communicator."""
+        """Aborts the NCCL communicator (ending kernels that wait on peers) and breaks the communicator.
+        Collectives not finished by then fail with ``error`` (GpuWork.wait raises it)."""
         with self._cond:
+            pending = list(self._outstanding)
             self._outstanding.clear()
-        if self._nccl is not None and not self._nccl.aborted:  # first, so that whoever is told it is over
+            if self._failure is None:
+                self._failure = error
+        nccl = self._nccl
+        # Which ones finished must be asked before the abort, after which every event completes. NCCL
+        # already aborted (by the native side, on an error while enqueuing): none can be told apart.
+        aborted = nccl is not None and nccl.aborted
+        for enqueued in pending:
+            if enqueued.error is None and (aborted or not _finished(enqueued.event)):
+                enqueued.error = error
+        if nccl is not None and not aborted:  # first, so that whoever is told it is over
             try:
-                self._nccl.abort()
+                nccl.abort()
             except PycollError:
                 log.debug("NCCL abort failed", exc_info=True)
         if self.comm._broken is None:
@@ -344,5 +414,25 @@ class GpuSide:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
-        self._native = None
-        self._nccl = None  # ncclCommDestroy (or abort, if it failed) when the last reference goes
+        nccl, native = self._nccl, self._native
+        self._nccl = self._native = None
+        if nccl is None and native is None:
+            return
+        try:
+            restore = self._use_device()  # the workspace and events are freed on their device
+        except PycollError:
+            restore = None
+        try:
+            if nccl is not None and not nccl.aborted:
+                # NCCL first (the GIL released): its finalize waits, within the communicator's deadline, for
+                # the collectives in flight, and aborts those a lost peer would keep waiting forever. Only
+                # then may the GPU communicator go, whose workspace waits for the GPU to be done with it.
+                try:
+                    nccl.destroy()
+                except PycollError:
+                    log.debug("rank %d: NCCL destroy failed", self.comm.rank, exc_info=True)
+            del native
+            del nccl
+        finally:
+            if restore is not None:
+                restore()

@@ -153,12 +153,27 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(c.stream);
   const bool compressed = c.codec.kind != codec::Kind::kNone;
   const bool widen = compressed && c.dtype != DType::kFloat32;
+  if (widen && c.dtype != DType::kFloat16 && c.dtype != DType::kBFloat16)
+    throw Error(ErrorKind::kInvalidUsage, "compression needs float32, float16 or bfloat16 data");
   const uint64_t n = static_cast<uint64_t>(c.desc.count);
   // Workspace layout: staging | kEncoded | float32 copy of float16 / bfloat16 data.
   const uint64_t staging = align_up(program.staging_bytes);
   const uint64_t encoded = compressed ? align_up(c.encoded_bytes) : 0;
   const uint64_t wide = widen ? align_up(n * 4) : 0;
   uint8_t* ws = workspace_.acquire(staging + encoded + wide, stream);
+  // Also when enqueuing fails part-way: what was enqueued uses the workspace, the next call must wait for it.
+  struct ReleaseOnError {
+    Workspace& workspace;
+    cudaStream_t stream;
+    bool armed = true;
+    ~ReleaseOnError() {
+      if (!armed) return;
+      try {
+        workspace.release(stream);
+      } catch (...) {
+      }
+    }
+  } release_on_error{workspace_, stream};
 
   GroupedArgs g;
   g.input = reinterpret_cast<const void*>(c.input);
@@ -204,6 +219,7 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
     e.n = n;
     cuda::encode(cast, e, stream);
   }
+  release_on_error.armed = false;
   workspace_.release(stream);
 }
 

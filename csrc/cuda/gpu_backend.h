@@ -126,9 +126,12 @@ class GpuCommunicator {
   void run(const NativePlan& plan, const GroupedProgram& program, const Call& call, GroupBackend* host = nullptr);
 
  private:
+  // Destroyed bottom-up: the workspace first, whose destructor waits for the last call's work (the
+  // host-staged copies out of the bounce buffer included) before the bounce buffer is freed, and the
+  // NCCL communicator last.
   std::shared_ptr<nccl::Comm> comm_;
-  Workspace workspace_;
   PinnedBuffer bounce_;
+  Workspace workspace_;
   uint64_t seq_ = 0;
 };
 

@@ -110,6 +110,22 @@ def test_async_work_waits_on_the_gpu_and_gives_a_stream_aware_future(comm):
     assert torch.equal(fut.wait(), want)
 
 
+def test_a_future_taken_later_under_another_stream_is_ordered_after_the_collective(comm):
+    import torch
+
+    x = _tensor(1024, torch.float32)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1 << 30)  # about half a second of GPU time before the collective runs
+        work = pycoll.allreduce(x, algorithm="ring", comm=comm, async_op=True)
+    main = torch.cuda.current_stream()
+    work.get_future().wait()  # makes the current stream wait for the future's events
+    assert not main.query(), "the future's event was recorded on a stream not ordered after the collective"
+    torch.cuda.synchronize()
+    assert work.is_completed()
+
+
 def test_tensor_on_another_device_is_refused(comm):
     import torch
 

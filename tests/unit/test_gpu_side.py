@@ -173,3 +173,32 @@ def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes
         comm._native = real
     assert len(seen) == 1 and seen[0][1:] == (77, 9) and isinstance(seen[0][0], FakeGpuCommunicator)
     assert fakes.calls == []
+
+
+def test_a_collective_aborted_by_the_watchdog_fails_although_its_event_then_completes(fakes, comm):
+    finished = pycoll.allreduce(DeviceArray(10), comm=comm, async_op=True)  # its event is complete
+    FakeEvent.done = False
+    stuck = pycoll.allreduce(DeviceArray(10), comm=comm, timeout=0.05, async_op=True)
+    deadline = time.monotonic() + 5
+    while comm._broken is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fakes.aborted
+    stuck._event.answer = True  # NCCL's abort ended the kernels, so the stream goes on past them
+    with pytest.raises(CollectiveTimeoutError, match="did not finish within its deadline"):
+        stuck.wait()
+    assert stuck.is_completed() and not stuck.is_success()
+    assert finished.wait() is True and finished.exception() is None
+
+
+def test_close_destroys_nccl_before_the_gpu_communicator_waits_for_its_workspace(fakes, comm, monkeypatch):
+    order = []
+    fakes.destroy = lambda: order.append("nccl destroyed")
+
+    class Native(FakeGpuCommunicator):
+        def __del__(self):
+            order.append("gpu communicator dropped")
+
+    monkeypatch.setattr(gpu_module._C.gpu, "GpuCommunicator", Native)
+    pycoll.allreduce(DeviceArray(10), algorithm="ring", comm=comm)
+    comm.finalize()
+    assert order == ["nccl destroyed", "gpu communicator dropped"]
