@@ -103,6 +103,8 @@ def init(
                     local_rank=info.local_rank,
                     local_world_size=info.local_world_size,
                     job_id=info.job_id,
+                    node_rank=info.node_rank,
+                    num_nodes=info.num_nodes,
                 )
         rank, world_size = info.rank, info.world_size
         store, server = rendezvous(info, timeout=timeout, store_hosted_externally=launcher_hosts_store())

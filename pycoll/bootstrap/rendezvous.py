@@ -3,7 +3,9 @@
 Three ways to find the store, chosen from the ``LaunchInfo``:
 
 launcher-hosted (``store_hosted_externally=True``, e.g. under ``pycoll run``)
-    The store already listens at master_addr:master_port; every rank, rank 0 included, connects.
+    The store already listens at master_addr:master_port; every rank, rank 0 included, connects. Under
+    ``pycoll run --nnodes M`` node 0's launcher hosts it and the ranks of the other nodes connect to it
+    across the network, retrying until the deadline (a timeout names the address and node 0).
 torchrun's agent store (``info.torch_agent_store``)
     torchrun already serves a torch TCPStore at master_addr:master_port; every rank connects to it with
     torch (imported only then) and pycoll's keys live under ``pycoll/attempt<restart count>/``.
@@ -244,7 +246,19 @@ def rendezvous(
                     "the rendezvous store is said to be hosted by the launcher, but MASTER_PORT is not "
                     "set; set MASTER_ADDR and MASTER_PORT to the launcher's store"
                 )
-            store = TCPStoreClient(info.master_addr, info.master_port, timeout, connect_timeout=remaining())
+            try:
+                store = TCPStoreClient(
+                    info.master_addr, info.master_port, timeout, connect_timeout=remaining()
+                )
+            except CollectiveTimeoutError as exc:
+                if info.num_nodes is None or info.num_nodes < 2:
+                    raise
+                raise CollectiveTimeoutError(
+                    f"rendezvous on rank {rank} (node {info.node_rank} of {info.num_nodes}): node 0's "
+                    f"launcher did not answer at {info.master_addr}:{info.master_port} ({exc}). Is `pycoll "
+                    "run --node-rank 0` running there with the same --master-port, is that address "
+                    "reachable from this node, and does no firewall block the port?"
+                ) from None
         elif info.master_port is not None:
             if rank == 0:
                 v6 = ":" in info.master_addr

@@ -537,7 +537,8 @@ def test_detect_slurm():
         "SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "3",
         "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
     }  # fmt: skip
-    assert detect_launch(env) == LaunchInfo(6, 7, 0, 1, "127.0.0.1", None, "slurm", "4242.0")
+    expected = LaunchInfo(6, 7, 0, 1, "127.0.0.1", None, "slurm", "4242.0", node_rank=3)
+    assert detect_launch(env) == expected
     env["SLURM_NTASKS_PER_NODE"] = "2"
     env["SLURM_NTASKS"] = "8"
     env["SLURM_PROCID"] = "7"
