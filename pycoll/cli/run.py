@@ -7,6 +7,8 @@
 The launcher hosts the rendezvous store itself, on a port the kernel picks (no port race), and starts
 each rank with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (the
 store's port) and PYCOLL_LAUNCHER_STORE=1 (rank 0 connects to that store instead of hosting one).
+With PYCOLL_SECRET in its environment the store requires that secret of every connection (the ranks
+inherit the variable).
 
 Failure handling: SIGINT/SIGTERM/SIGHUP received by the launcher are forwarded to every rank (a second
 one kills them). When a rank exits non-zero or is killed by a signal, the launcher sends the others
@@ -32,6 +34,7 @@ from typing import IO, Any
 
 from pycoll.bootstrap.env import LAUNCHER_STORE_VAR
 from pycoll.bootstrap.store import TCPStoreServer
+from pycoll.env import rendezvous_secret
 
 __all__ = ["add_parser", "build_parser", "launch", "main", "run_command"]
 
@@ -237,7 +240,8 @@ def launch(
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
     try:
-        server = TCPStoreServer("127.0.0.1", master_port)
+        # The ranks inherit PYCOLL_SECRET from the same environment, so they and this store agree.
+        server = TCPStoreServer("127.0.0.1", master_port, secret=rendezvous_secret(base_env))
     except Exception as exc:  # noqa: BLE001 - report and exit like a CLI
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
