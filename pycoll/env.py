@@ -27,6 +27,9 @@
 |                        | --nnodes M`` binds node 0's rendezvous store there; unset:     |         |
 |                        | every interface (0.0.0.0)                                      |         |
 | PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
+| PYCOLL_SECRET          | rendezvous secret: every connection to the rendezvous store    | unset   |
+|                        | must prove it holds it (HMAC challenge, never sent itself);    |         |
+|                        | set the same value on every rank and on the launcher           |         |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
 ``pycoll.bootstrap.env``.
@@ -35,7 +38,7 @@ Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...)
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from pycoll.errors import InvalidUsageError
@@ -68,6 +71,8 @@ class Settings:
     gpu_transport: str = "nccl"
     host_id: str | None = None  # None: hostname + boot id (pycoll.comm.host_id)
     socket_ifname: str | None = None  # None: listen on every interface
+    #: PYCOLL_SECRET as bytes (None: unset); kept out of repr so it is never printed or logged.
+    secret: bytes | None = field(default=None, repr=False)
 
     def slot_bytes_for(self, world: int) -> int:
         """Ring slot size. Larger slots mean fewer hand-overs per byte, smaller ones shorter pipeline
@@ -127,6 +132,7 @@ class Settings:
             spin_us=spin,
             yield_us=yield_us,
             stream_bytes=int(number("PYCOLL_STREAM_BYTES", STREAM_OFF, int, 0)),
+            secret=rendezvous_secret(env),
         )
 
 
@@ -155,6 +161,21 @@ def _socket_ifname(raw: str) -> str | None:
             f"prefixes or '^' exclusions), got {raw!r}"
         )
     return value
+
+
+#: The rendezvous secret's variable (see the table above).
+SECRET_VAR = "PYCOLL_SECRET"
+
+
+def rendezvous_secret(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """PYCOLL_SECRET as UTF-8 bytes, or None when it is unset or empty.
+
+    Read on its own (not only through ``Settings``) so that ``pycoll run`` can host its store with the
+    secret without validating the ranks' other settings.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(SECRET_VAR, "")
+    return value.encode("utf-8") if value else None
 
 
 #: Set to "1" by ``pycoll run``: the store at MASTER_ADDR:MASTER_PORT already exists (the launcher hosts

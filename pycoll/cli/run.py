@@ -20,6 +20,8 @@ interface, and says so on stderr once it listens. The other launchers host nothi
 to MASTER_ADDR:MASTER_PORT, retrying until pycoll.init's deadline (PYCOLL_TIMEOUT), after which the
 error names that address. Launchers may start in any order. After its ranks succeed, node 0's launcher
 keeps the store up (at most 30 s) until the other nodes' ranks have disconnected from it.
+With PYCOLL_SECRET in its environment the store requires that secret of every connection (the ranks
+inherit the variable; every node's launcher must be given the same one).
 
 Failure handling: SIGINT/SIGTERM/SIGHUP received by the launcher are forwarded to every rank (a second
 one kills them). When a rank exits non-zero or is killed by a signal, the launcher sends the others
@@ -52,7 +54,7 @@ from typing import IO, Any
 from pycoll.bootstrap.env import LAUNCHER_STORE_VAR
 from pycoll.bootstrap.net import listen_address
 from pycoll.bootstrap.store import TCPStoreServer
-from pycoll.env import Settings
+from pycoll.env import Settings, rendezvous_secret
 from pycoll.errors import InvalidUsageError
 
 __all__ = ["add_parser", "build_parser", "launch", "main", "run_command"]
@@ -346,7 +348,8 @@ def launch(
                 bind = _LOOPBACK  # one node: nothing but its own ranks needs to reach the store
             else:
                 bind = listen_address(addr, Settings.from_environ(base_env).socket_ifname)
-            server = TCPStoreServer(bind, master_port)
+            # The ranks inherit PYCOLL_SECRET from the same environment, so they and this store agree.
+            server = TCPStoreServer(bind, master_port, secret=rendezvous_secret(base_env))
         except (InvalidUsageError, OSError) as exc:  # report and exit like a CLI
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
