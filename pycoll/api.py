@@ -60,7 +60,8 @@ def init(
     ``rank`` and ``world_size``); explicit ``rank=``/``world_size=`` (with ``master_addr``/``master_port``);
     the launcher's environment (torchrun / ``pycoll run``, Open MPI's mpirun, Slurm's srun).
     ``timeout`` (seconds) bounds set-up and is the default deadline of every collective
-    (PYCOLL_TIMEOUT, else 300 s).
+    (PYCOLL_TIMEOUT, else 300 s). With PYCOLL_SECRET set, every connection to the rendezvous store
+    pycoll forms must prove it holds that secret (a ``store=`` you pass is used as it is).
     """
     global _default
     settings = Settings.from_environ()
@@ -103,9 +104,13 @@ def init(
                     local_rank=info.local_rank,
                     local_world_size=info.local_world_size,
                     job_id=info.job_id,
+                    node_rank=info.node_rank,
+                    num_nodes=info.num_nodes,
                 )
         rank, world_size = info.rank, info.world_size
-        store, server = rendezvous(info, timeout=timeout, store_hosted_externally=launcher_hosts_store())
+        store, server = rendezvous(
+            info, timeout=timeout, store_hosted_externally=launcher_hosts_store(), secret=settings.secret
+        )
         owned = (store,) if server is None else (store, server)
     try:
         comm = Communicator(

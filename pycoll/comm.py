@@ -36,14 +36,42 @@ ALGORITHM_CODES = {name: i for i, name in enumerate(_C.ALGORITHMS)}
 _PLAN_CACHE_SIZE = 512
 
 
-def host_id() -> str:
-    """Identifies the machine: hostname plus the kernel's boot id (containers on one host share it)."""
+def host_id(settings: Settings | None = None) -> str:
+    """Identifies the machine: PYCOLL_HOST_ID when set, else hostname plus the kernel's boot id
+    (containers on one host share the boot id; ranks with the same id share memory)."""
+    override = (settings if settings is not None else Settings.from_environ()).host_id
+    if override is not None:
+        return override
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = "?"
     return f"{socket.gethostname()}/{boot}"
+
+
+def host_layout(hosts: list[str], rank: int) -> tuple[int, int, int, int]:
+    """Where ``rank`` sits among the ranks of its host, given every rank's host id in rank order:
+    (local rank, local world size, node rank, number of nodes). Nodes are numbered in the order of their
+    lowest rank, so node 0 is rank 0's host."""
+    order = list(dict.fromkeys(hosts))  # distinct hosts, first appearance (lowest rank) first
+    mine = hosts[rank]
+    peers = [r for r, h in enumerate(hosts) if h == mine]
+    return peers.index(rank), len(peers), order.index(mine), len(order)
+
+
+def _hosts_text(hosts: list[str]) -> str:
+    """ "host 'a': ranks 0, 1; host 'b': ranks 2, 3" (in node order)."""
+    groups: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        groups.setdefault(h, []).append(r)
+    parts = []
+    for h, ranks in groups.items():
+        shown = ", ".join(str(r) for r in ranks[:16]) + (
+            f", ... ({len(ranks)} in all)" if len(ranks) > 16 else ""
+        )
+        parts.append(f"host {h!r}: rank{'s' if len(ranks) > 1 else ''} {shown}")
+    return "; ".join(parts)
 
 
 class Communicator:
@@ -89,23 +117,31 @@ class Communicator:
         self.grouped_on_cpu = False
         self._gpu: GpuSide | None = None
 
-        # Every rank must be on this host until the TCP transport exists.
-        me = host_id()
-        self._store.set(f"host/{rank}", me.encode())
-        hosts = [self._store.get(f"host/{r}", timeout).decode() for r in range(world_size)]
-        others = sorted({r for r, h in enumerate(hosts) if h != me})
-        if others:
+        # Which ranks share a host (and so shared memory): every rank publishes its host id.
+        self._store.set(f"host/{rank}", host_id(settings).encode())
+        #: Every rank's host id, in rank order.
+        self.hosts: list[str] = [self._store.get(f"host/{r}", timeout).decode() for r in range(world_size)]
+        #: This rank's index among the ranks of its host and their count; this host's index among the
+        #: distinct hosts (ordered by their lowest rank) and their count.
+        self.local_rank, self.local_world_size, self.node_rank, self.num_nodes = host_layout(self.hosts, rank)
+        if self.num_nodes > 1:
+            # Every rank saw the same host list, so every rank raises here. A rank hosting the store closes
+            # it as it raises: it first waits (bounded) for the others to be past their reads, which
+            # would otherwise fail with a lost store instead of this error.
+            self._store.add("hosts_checked", 1)
+            self._wait_for_ranks_if_hosting("hosts_checked", min(timeout, 10.0))
             raise InvalidUsageError(
-                f"ranks {others} run on another host than rank {rank} ({me}); this version of pycoll "
-                f"connects ranks of one host only (shared memory)"
+                f"rank {rank}: the {world_size} ranks run on {self.num_nodes} hosts "
+                f"({_hosts_text(self.hosts)}), but this version of pycoll connects the ranks of one host "
+                "only, through shared memory: ranks on several hosts need the TCP transport, which is not "
+                "there yet. If these ranks do share a host, unset PYCOLL_HOST_ID or give it the same value "
+                "on all of them"
             )
-        self.local_rank = rank
-        self.local_world_size = world_size
 
         # Every rank on a core of its own: poll briefly, then yield briefly (in case the scheduler put
         # a peer on this very core), then sleep. More ranks than cores: never spin (it steals the core
         # the peer needs) but yield for a while before sleeping.
-        oversubscribed = world_size > usable_cpus()
+        oversubscribed = self.local_world_size > usable_cpus()
         spin = settings.spin_us
         if spin is None:
             spin = 0 if oversubscribed else DEFAULT_SPIN_US
@@ -403,6 +439,18 @@ class Communicator:
         self._worker_ident = threading.get_ident()
 
     # ---- teardown ----------------------------------------------------------------------------------
+    def _wait_for_ranks_if_hosting(self, counter: str, seconds: float) -> None:
+        """When this rank hosts the store, wait (at most ``seconds``) until every rank has added 1 to
+        ``counter``, so that closing the store cuts nobody off; best effort."""
+        if not any(isinstance(obj, TCPStoreServer) for obj in self._owned):
+            return
+        deadline = time.monotonic() + seconds
+        try:
+            while self._store.add(counter, 0) < self.world_size and time.monotonic() < deadline:
+                time.sleep(0.005)
+        except PycollError:
+            pass
+
     def finalize(self) -> None:
         if self._closed:
             return
@@ -414,14 +462,9 @@ class Communicator:
             self._gpu.close()
             self._gpu = None
         self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
-        if any(isinstance(obj, TCPStoreServer) for obj in self._owned) and self._broken is None:
+        if self._broken is None:
             # This rank hosts the store: do not pull it from under ranks still finishing set-up.
-            deadline = time.monotonic() + min(self.timeout, 10.0)
-            try:
-                while self._store.add("past_setup", 0) < self.world_size and time.monotonic() < deadline:
-                    time.sleep(0.005)
-            except PycollError:
-                pass
+            self._wait_for_ranks_if_hosting("past_setup", min(self.timeout, 10.0))
         for obj in self._owned:
             try:
                 obj.close()

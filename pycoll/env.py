@@ -18,7 +18,18 @@
 | PYCOLL_GPU_TRANSPORT   | how GPU collectives of ring/tree/direct move messages: ``nccl``| nccl    |
 |                        | (send/recv), or ``shm`` (through host shared memory: ranks     |         |
 |                        | that share one GPU, which NCCL refuses, or have no NCCL)       |         |
+| PYCOLL_HOST_ID         | names this rank's host; ranks with the same id are on one host | hostname|
+|                        | (shared memory between them). Unset: hostname + kernel boot id | + boot  |
+|                        | (containers on one machine share it). Set it per rank to tell  | id      |
+|                        | apart hosts that look alike, or to test multi-host set-ups     |         |
+| PYCOLL_SOCKET_IFNAME   | network interface (one name, e.g. ``eth0``) whose address      | unset   |
+|                        | sockets that other hosts reach are bound to: ``pycoll run      |         |
+|                        | --nnodes M`` binds node 0's rendezvous store there; unset:     |         |
+|                        | every interface (0.0.0.0)                                      |         |
 | PYCOLL_LAUNCHER_STORE  | set by ``pycoll run``: the launcher hosts the rendezvous store | unset   |
+| PYCOLL_SECRET          | rendezvous secret: every connection to the rendezvous store    | unset   |
+|                        | must prove it holds it (HMAC challenge, never sent itself);    |         |
+|                        | set the same value on every rank and on the launcher           |         |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
 ``pycoll.bootstrap.env``.
@@ -27,7 +38,7 @@ Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...)
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from pycoll.errors import InvalidUsageError
@@ -58,6 +69,10 @@ class Settings:
     stream_bytes: int = STREAM_OFF
     yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
     gpu_transport: str = "nccl"
+    host_id: str | None = None  # None: hostname + boot id (pycoll.comm.host_id)
+    socket_ifname: str | None = None  # None: listen on every interface
+    #: PYCOLL_SECRET as bytes (None: unset); kept out of repr so it is never printed or logged.
+    secret: bytes | None = field(default=None, repr=False)
 
     def slot_bytes_for(self, world: int) -> int:
         """Ring slot size. Larger slots mean fewer hand-overs per byte, smaller ones shorter pipeline
@@ -107,6 +122,8 @@ class Settings:
                 f"PYCOLL_GPU_TRANSPORT must be one of {', '.join(GPU_TRANSPORTS)}, got {gpu_transport!r}"
             )
         return cls(
+            host_id=_host_id(env.get("PYCOLL_HOST_ID", "")),
+            socket_ifname=_socket_ifname(env.get("PYCOLL_SOCKET_IFNAME", "")),
             gpu_transport=gpu_transport,
             timeout_s=float(number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT_S, float, 0.001)),
             debug=debug,
@@ -115,7 +132,50 @@ class Settings:
             spin_us=spin,
             yield_us=yield_us,
             stream_bytes=int(number("PYCOLL_STREAM_BYTES", STREAM_OFF, int, 0)),
+            secret=rendezvous_secret(env),
         )
+
+
+MAX_HOST_ID_CHARS = 255
+_IFNAME_MAX = 15  # Linux IFNAMSIZ - 1
+
+
+def _host_id(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if len(value) > MAX_HOST_ID_CHARS or not value.isprintable():
+        raise InvalidUsageError(
+            f"PYCOLL_HOST_ID must be at most {MAX_HOST_ID_CHARS} printable characters, got {raw!r}"
+        )
+    return value
+
+
+def _socket_ifname(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if len(value) > _IFNAME_MAX or any(c in value for c in " \t/,^=") or not value.isprintable():
+        raise InvalidUsageError(
+            f"PYCOLL_SOCKET_IFNAME takes one network interface name (e.g. eth0; no NCCL-style lists, "
+            f"prefixes or '^' exclusions), got {raw!r}"
+        )
+    return value
+
+
+#: The rendezvous secret's variable (see the table above).
+SECRET_VAR = "PYCOLL_SECRET"
+
+
+def rendezvous_secret(environ: Mapping[str, str] | None = None) -> bytes | None:
+    """PYCOLL_SECRET as UTF-8 bytes, or None when it is unset or empty.
+
+    Read on its own (not only through ``Settings``) so that ``pycoll run`` can host its store with the
+    secret without validating the ranks' other settings.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(SECRET_VAR, "")
+    return value.encode("utf-8") if value else None
 
 
 #: Set to "1" by ``pycoll run``: the store at MASTER_ADDR:MASTER_PORT already exists (the launcher hosts

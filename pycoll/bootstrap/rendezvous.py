@@ -3,7 +3,9 @@
 Three ways to find the store, chosen from the ``LaunchInfo``:
 
 launcher-hosted (``store_hosted_externally=True``, e.g. under ``pycoll run``)
-    The store already listens at master_addr:master_port; every rank, rank 0 included, connects.
+    The store already listens at master_addr:master_port; every rank, rank 0 included, connects. Under
+    ``pycoll run --nnodes M`` node 0's launcher hosts it and the ranks of the other nodes connect to it
+    across the network, retrying until the deadline (a timeout names the address and node 0).
 torchrun's agent store (``info.torch_agent_store``)
     torchrun already serves a torch TCPStore at master_addr:master_port; every rank connects to it with
     torch (imported only then) and pycoll's keys live under ``pycoll/attempt<restart count>/``.
@@ -17,12 +19,17 @@ file (mpirun / srun on one host without MASTER_PORT)
 
 Every way ends with a check that all ranks agree on the world size and a barrier, so ``rendezvous``
 returns only when the whole job is there, and a rank that never comes is named in the timeout error.
+
+With a ``secret`` (PYCOLL_SECRET, passed in by ``pycoll.init``) every pycoll store connection, and the
+store rank 0 hosts, authenticate with it: a rank with another secret, or none, fails at once with
+InvalidUsageError. torchrun's agent store is torch's own and cannot check it (a warning says so).
 """
 
 from __future__ import annotations
 
 import atexit
 import hashlib
+import logging
 import os
 import re
 import tempfile
@@ -47,6 +54,8 @@ __all__ = ["RDZV_PREFIX", "rendezvous", "rendezvous_file_path", "store_barrier"]
 RDZV_PREFIX = "pycoll/rdzv"
 
 _MAX_NAMED_RANKS = 32
+
+logger = logging.getLogger("pycoll.bootstrap")
 
 
 def _fmt(seconds: float) -> str:
@@ -151,7 +160,9 @@ def _parse_address(text: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _connect_via_file(info: LaunchInfo, path: str, deadline: float, timeout: float) -> TCPStoreClient:
+def _connect_via_file(
+    info: LaunchInfo, path: str, deadline: float, timeout: float, secret: bytes | None
+) -> TCPStoreClient:
     start = time.monotonic()
     delay = 0.01
     last = "the file does not exist yet"
@@ -167,7 +178,11 @@ def _connect_via_file(info: LaunchInfo, path: str, deadline: float, timeout: flo
             remaining = deadline - time.monotonic()
             try:
                 return TCPStoreClient(
-                    address[0], address[1], timeout, connect_timeout=max(0.0, min(remaining, 0.5))
+                    address[0],
+                    address[1],
+                    timeout,
+                    connect_timeout=max(0.0, min(remaining, 0.5)),
+                    secret=secret,
                 )
             except CollectiveTimeoutError:
                 # Not listening (yet, or any more: a file left by a killed earlier run). Read it again.
@@ -212,6 +227,7 @@ def rendezvous(
     store_hosted_externally: bool = False,
     wait_for_all: bool = True,
     rdzv_dir: str | None = None,
+    secret: bytes | None = None,
 ) -> tuple[Store, TCPStoreServer | None]:
     """Connect this rank to the job's store; rank 0 hosts it unless ``store_hosted_externally``.
 
@@ -223,6 +239,8 @@ def rendezvous(
     as soon as this rank is connected (and, in file mode, rank 0's file then stays until close).
 
     ``timeout`` bounds the whole call. ``rdzv_dir`` overrides the directory of the file rendezvous.
+    ``secret`` (the job's PYCOLL_SECRET) authenticates every connection to a pycoll store, and the
+    store this rank hosts requires it.
     """
     if not timeout >= 0:
         raise InvalidUsageError(f"rendezvous timeout must be >= 0 seconds, got {timeout}")
@@ -237,6 +255,11 @@ def rendezvous(
 
     try:
         if info.torch_agent_store and not store_hosted_externally:
+            if secret is not None:
+                logger.warning(
+                    "PYCOLL_SECRET is set, but the rendezvous store is torchrun's agent store (a torch "
+                    "TCPStore), which cannot check it; its connections are not authenticated"
+                )
             store = _connect_torch_agent_store(info, remaining())
         elif store_hosted_externally:
             if info.master_port is None:
@@ -244,22 +267,36 @@ def rendezvous(
                     "the rendezvous store is said to be hosted by the launcher, but MASTER_PORT is not "
                     "set; set MASTER_ADDR and MASTER_PORT to the launcher's store"
                 )
-            store = TCPStoreClient(info.master_addr, info.master_port, timeout, connect_timeout=remaining())
+            try:
+                store = TCPStoreClient(
+                    info.master_addr, info.master_port, timeout, connect_timeout=remaining(), secret=secret
+                )
+            except CollectiveTimeoutError as exc:
+                if info.num_nodes is None or info.num_nodes < 2:
+                    raise
+                raise CollectiveTimeoutError(
+                    f"rendezvous on rank {rank} (node {info.node_rank} of {info.num_nodes}): node 0's "
+                    f"launcher did not answer at {info.master_addr}:{info.master_port} ({exc}). Is `pycoll "
+                    "run --node-rank 0` running there with the same --master-port, is that address "
+                    "reachable from this node, and does no firewall block the port?"
+                ) from None
         elif info.master_port is not None:
             if rank == 0:
                 v6 = ":" in info.master_addr
                 loopback = _is_loopback(info.master_addr)
                 bind = ("::1" if v6 else "127.0.0.1") if loopback else ("::" if v6 else "0.0.0.0")
-                server = TCPStoreServer(bind, info.master_port)
+                server = TCPStoreServer(bind, info.master_port, secret=secret)
                 host = "::1" if v6 else "127.0.0.1"
-                store = TCPStoreClient(host, server.port, timeout, connect_timeout=remaining())
+                store = TCPStoreClient(host, server.port, timeout, connect_timeout=remaining(), secret=secret)
             else:
                 store = TCPStoreClient(
-                    info.master_addr, info.master_port, timeout, connect_timeout=remaining()
+                    info.master_addr, info.master_port, timeout, connect_timeout=remaining(), secret=secret
                 )
         elif world == 1:
-            server = TCPStoreServer("127.0.0.1", 0)
-            store = TCPStoreClient("127.0.0.1", server.port, timeout, connect_timeout=remaining())
+            server = TCPStoreServer("127.0.0.1", 0, secret=secret)
+            store = TCPStoreClient(
+                "127.0.0.1", server.port, timeout, connect_timeout=remaining(), secret=secret
+            )
         else:
             if info.job_id is None:
                 raise InvalidUsageError(
@@ -275,8 +312,10 @@ def rendezvous(
                 )
             path = rendezvous_file_path(info.job_id, rdzv_dir)
             if rank == 0:
-                server = TCPStoreServer("127.0.0.1", 0)
-                store = TCPStoreClient("127.0.0.1", server.port, timeout, connect_timeout=remaining())
+                server = TCPStoreServer("127.0.0.1", 0, secret=secret)
+                store = TCPStoreClient(
+                    "127.0.0.1", server.port, timeout, connect_timeout=remaining(), secret=secret
+                )
                 content = f"127.0.0.1:{server.port}\n"
                 _write_atomic(path, content)
                 rdzv_file = (path, content)
@@ -288,7 +327,7 @@ def rendezvous(
                 atexit.register(cleanup)
                 server.add_close_callback(cleanup)
             else:
-                store = _connect_via_file(info, path, deadline, timeout)
+                store = _connect_via_file(info, path, deadline, timeout, secret)
 
         world_key = f"{RDZV_PREFIX}/world_size"
         if rank == 0:

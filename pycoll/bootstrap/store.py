@@ -7,7 +7,7 @@ sent passes: clients never poll.
 
 Wire protocol (all integers big-endian). Every message, both ways, is one *frame*::
 
-    frame    = u32 body_length, body            (1 <= body_length <= MAX_FRAME)
+    frame    = u32 body_length, body            (1 <= body_length <= MAX_FRAME; 1024 in the handshake)
     request  = u8 op, fields...
     reply    = u8 status, fields...             (status: OK, TIMEOUT, ERROR)
     str/blob = u32 length, bytes                (keys are UTF-8)
@@ -15,7 +15,10 @@ Wire protocol (all integers big-endian). Every message, both ways, is one *frame
     seconds  = f64                              (negative: no deadline)
 
     op        request fields        OK reply fields          other replies
-    HELLO     blob magic            blob magic
+    HELLO     blob magic, u8 auth   blob magic, u8 auth,     ERROR str message (other protocol version)
+                                    blob server_nonce
+    AUTH      blob client_nonce,    blob server_proof        ERROR str message (wrong secret)
+              blob client_proof
     SET       str key, blob value   -
     GET       str key, seconds      blob value               TIMEOUT
     ADD       str key, i64 amount   i64 new value            ERROR str message (value not an integer)
@@ -23,15 +26,32 @@ Wire protocol (all integers big-endian). Every message, both ways, is one *frame
     DELETE    str key               u8 existed
     CHECK     keys                  u8 all exist
 
-A connection whose bytes do not parse (garbage, an unknown op, a length past ``MAX_FRAME``) is dropped;
-the server keeps serving everyone else. Counters written by ``add`` are stored as ASCII decimal, as
-torch does, so ``get`` of a counter returns e.g. ``b"3"``.
+Handshake. A connection must first send HELLO (``auth`` 1: the client holds a secret, 0: it does not);
+the server answers with its own ``auth`` and, when it holds a secret, a fresh 32-byte ``server_nonce``.
+When the two ``auth`` values differ both sides give up (the client with a message that says which side
+lacks the secret). With a secret ``k`` the client then sends AUTH with its own 32-byte nonce and
+``client_proof = HMAC-SHA256(k, "pycoll-store client" || server_nonce || client_nonce || magic)``; the
+server checks it (constant-time) and proves itself back with the same MAC under ``"pycoll-store
+server"``, which the client checks, so neither side talks on to a peer that does not know ``k``. The
+secret itself never crosses the wire. This authenticates connections; it does not encrypt them.
+
+Only after the handshake are other ops served. A connection that has not finished the handshake within
+``handshake_timeout`` seconds, sends bytes that do not parse (garbage, an unknown op, a length out of
+range, a truncated frame), fails authentication, does not read its replies (more than
+``max_pending_output`` bytes queued for it) or piles more than 1 MiB behind a request still waiting for
+its reply is dropped and logged as a warning on the ``pycoll``
+logger (``pycoll.bootstrap``) naming its address; the server keeps serving everyone else, and nothing
+it does for one connection blocks. Counters written by ``add`` are stored as ASCII decimal, as torch
+does, so ``get`` of a counter returns e.g. ``b"3"``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import math
+import secrets
 import selectors
 import socket
 import struct
@@ -44,6 +64,8 @@ from typing import Any, Protocol, runtime_checkable
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PeerLostError
 
 __all__ = [
+    "DEFAULT_HANDSHAKE_TIMEOUT",
+    "DEFAULT_MAX_PENDING_OUTPUT",
     "DEFAULT_TIMEOUT",
     "MAX_FRAME",
     "PrefixStore",
@@ -60,7 +82,28 @@ DEFAULT_TIMEOUT = 300.0
 #: Largest frame either side accepts; a peer announcing more is dropped (it is not speaking our protocol).
 MAX_FRAME = 256 * 1024 * 1024
 
-_MAGIC = b"pycoll-store/1"
+#: Seconds a new connection has to complete the handshake before the server drops it.
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+#: Bytes of replies the server queues for a connection that is not reading them before it drops it
+#: (one reply of any size is always queued: a client that waits for each reply never comes near this).
+DEFAULT_MAX_PENDING_OUTPUT = 4 * 1024 * 1024
+
+# Version 2 added the authenticated handshake (HELLO carries the auth mode, then AUTH).
+_MAGIC = b"pycoll-store/2"
+_MAGIC_FAMILY = b"pycoll-store/"
+# Frames before the handshake is complete are small: an unauthenticated peer cannot make the server
+# buffer more than this.
+_MAX_HANDSHAKE_FRAME = 1024
+# Bytes a connection may send beyond a parked (blocking) request of its own; our client never does.
+_MAX_PIPELINED = 1024 * 1024
+_NONCE_BYTES = 32
+_AUTH_NONE = 0
+_AUTH_HMAC = 1
+_CLIENT_TAG = b"pycoll-store client"
+_SERVER_TAG = b"pycoll-store server"
+# At most this many drop warnings per minute; the rest are counted and summarised (an attacker must not
+# be able to flood the job's log).
+_MAX_WARNINGS_PER_MINUTE = 50
 
 _OP_HELLO = 0
 _OP_SET = 1
@@ -69,6 +112,7 @@ _OP_ADD = 3
 _OP_WAIT = 4
 _OP_DELETE = 5
 _OP_CHECK = 6
+_OP_AUTH = 7
 
 _ST_OK = 0
 _ST_TIMEOUT = 1
@@ -188,14 +232,52 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def _check_secret(secret: bytes | str | None) -> bytes | None:
+    if secret is None:
+        return None
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, (bytes, bytearray, memoryview)):
+        raise InvalidUsageError(
+            f"the rendezvous secret must be bytes, str or None, got {type(secret).__name__}"
+        )
+    if not secret:
+        raise InvalidUsageError("the rendezvous secret must not be empty (pass None for no secret)")
+    return bytes(secret)
+
+
+def _proof(secret: bytes, tag: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """HMAC-SHA256 over both nonces and the protocol magic; ``tag`` keeps the two directions apart."""
+    return hmac.new(secret, tag + server_nonce + client_nonce + _MAGIC, hashlib.sha256).digest()
+
+
+def _peer_text(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer)
+
+
 # --------------------------------------------------------------------------------------------------
 # Server
 
 
 class _Conn:
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "waiter", "closed", "writing")
+    __slots__ = (
+        "sock",
+        "peer",
+        "inbuf",
+        "outbuf",
+        "waiter",
+        "closed",
+        "writing",
+        "ready",
+        "nonce",
+        "deadline",
+        "closing",
+    )
 
-    def __init__(self, sock: socket.socket, peer: Any) -> None:
+    def __init__(self, sock: socket.socket, peer: Any, deadline: float) -> None:
         self.sock = sock
         self.peer = peer
         self.inbuf = bytearray()
@@ -203,6 +285,10 @@ class _Conn:
         self.waiter: _Waiter | None = None
         self.closed = False
         self.writing = False
+        self.ready = False  # handshake complete: store ops are served
+        self.nonce = b""  # the server nonce while an AUTH is expected
+        self.deadline = deadline  # monotonic time by which the handshake must be complete
+        self.closing = False  # a refused handshake: drop once the queued reply is sent
 
 
 class _Waiter:
@@ -223,9 +309,33 @@ class TCPStoreServer:
 
     ``port=0`` lets the kernel pick a free port (read it back from ``.port``): use that whenever the
     port can be handed to the clients some other way, so there is no race for a fixed port.
+
+    With ``secret`` only clients that prove they hold the same secret are served (see the module
+    docstring); without it, clients that offer one are refused. ``handshake_timeout`` (seconds) bounds
+    how long a new connection may take to complete the handshake; ``max_pending_output`` how many reply
+    bytes may queue for a connection that does not read them. Connections dropped for breaking the
+    protocol are logged and counted in ``rejected_connections``.
     """
 
-    def __init__(self, host: str = "0.0.0.0", port: int = 0, *, backlog: int = 1024) -> None:
+    def __init__(
+        self,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        *,
+        backlog: int = 1024,
+        secret: bytes | None = None,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        max_pending_output: int = DEFAULT_MAX_PENDING_OUTPUT,
+    ) -> None:
+        if not handshake_timeout > 0 or math.isinf(handshake_timeout):
+            raise InvalidUsageError(
+                f"handshake_timeout must be a finite number of seconds > 0, got {handshake_timeout}"
+            )
+        if max_pending_output < 1:
+            raise InvalidUsageError(f"max_pending_output must be >= 1 byte, got {max_pending_output}")
+        self._secret = _check_secret(secret)
+        self._handshake_timeout = float(handshake_timeout)
+        self._max_pending_output = int(max_pending_output)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self._listener = socket.create_server((host, port), family=family, backlog=backlog)
@@ -241,6 +351,11 @@ class TCPStoreServer:
         self._waiters: dict[str, list[_Waiter]] = {}
         self._parked: set[_Waiter] = set()
         self._conns: set[_Conn] = set()
+        self._handshaking: set[_Conn] = set()
+        self._rejected = 0
+        self._warn_window = -math.inf
+        self._warn_count = 0
+        self._warn_suppressed = 0
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -259,20 +374,35 @@ class TCPStoreServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def requires_secret(self) -> bool:
+        """True when clients must prove they hold the rendezvous secret."""
+        return self._secret is not None
+
+    @property
+    def rejected_connections(self) -> int:
+        """Connections dropped so far for breaking the protocol (bad bytes, wrong secret, too slow...)."""
+        return self._rejected
+
     def add_close_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (once) when the server is closed; exceptions from it are logged."""
         self._close_callbacks.append(callback)
 
     @property
     def num_clients(self) -> int:
-        """Connections open now."""
+        """Clients connected now (past the handshake)."""
         with self._clients_changed:
-            return len(self._conns)
+            return sum(1 for c in self._conns if c.ready)
 
     def wait_for_clients_to_leave(self, timeout: float) -> bool:
-        """Block until no client is connected, at most ``timeout`` seconds; True if none is left."""
+        """Block until no client is connected, at most ``timeout`` seconds; True if none is left.
+
+        Connections still in the handshake do not count: a stranger cannot hold the store open.
+        """
         with self._clients_changed:
-            return self._clients_changed.wait_for(lambda: not self._conns, timeout=max(0.0, timeout))
+            return self._clients_changed.wait_for(
+                lambda: not any(c.ready for c in self._conns), timeout=max(0.0, timeout)
+            )
 
     def close(self, drain_timeout: float = 0.0) -> None:
         """Stop serving and close every connection (clients then see PeerLostError). Idempotent.
@@ -358,19 +488,23 @@ class TCPStoreServer:
                             self._on_readable(conn)
                         if mask & selectors.EVENT_WRITE and not conn.closed:
                             self._flush(conn)
-                    except Exception:  # noqa: BLE001 - one bad client must not stop the store
-                        logger.debug("rendezvous store: dropping client %s", conn.peer, exc_info=True)
-                        self._drop(conn)
+                    except Exception as exc:  # noqa: BLE001 - one bad client must not stop the store
+                        logger.debug(
+                            "rendezvous store: error serving %s", _peer_text(conn.peer), exc_info=True
+                        )
+                        self._reject(conn, f"internal error while serving it ({type(exc).__name__}: {exc})")
             self._expire_waiters()
+            self._expire_handshakes()
 
     def _next_timeout(self) -> float | None:
         deadlines = [w.deadline for w in self._parked if w.deadline is not None]
+        deadlines.extend(c.deadline for c in self._handshaking)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
 
     def _accept(self) -> None:
-        while True:
+        for _ in range(64):  # then serve the others before accepting more (a flood of connects)
             try:
                 sock, peer = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -383,9 +517,10 @@ class TCPStoreServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            conn = _Conn(sock, peer)
+            conn = _Conn(sock, peer, time.monotonic() + self._handshake_timeout)
             with self._clients_changed:
                 self._conns.add(conn)
+            self._handshaking.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _drop(self, conn: _Conn) -> None:
@@ -394,6 +529,7 @@ class TCPStoreServer:
         conn.closed = True
         if conn.waiter is not None:
             self._unpark(conn.waiter)
+        self._handshaking.discard(conn)
         with self._clients_changed:
             self._conns.discard(conn)
             self._clients_changed.notify_all()
@@ -403,48 +539,168 @@ class TCPStoreServer:
             pass
         conn.sock.close()
 
+    def _reject(self, conn: _Conn, reason: str, *, after_reply: bool = False) -> None:
+        """Drop a connection that broke the protocol, and say so (``after_reply``: once the queued
+        reply, which tells the client why, has been sent)."""
+        if conn.closed or conn.closing:
+            return
+        self._rejected += 1
+        self._warn_dropped(conn, reason)
+        if after_reply and conn.outbuf:
+            conn.closing = True  # _flush drops it; the handshake deadline still applies if it never reads
+            return
+        self._drop(conn)
+
+    def _warn_dropped(self, conn: _Conn, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._warn_window >= 60.0:
+            if self._warn_suppressed:
+                logger.warning(
+                    "rendezvous store at %s: %d more connections were dropped (not logged one by one)",
+                    self.address,
+                    self._warn_suppressed,
+                )
+            self._warn_window, self._warn_count, self._warn_suppressed = now, 0, 0
+        if self._warn_count < _MAX_WARNINGS_PER_MINUTE:
+            self._warn_count += 1
+            logger.warning(
+                "rendezvous store at %s: dropped the connection from %s: %s",
+                self.address,
+                _peer_text(conn.peer),
+                reason,
+            )
+        else:
+            self._warn_suppressed += 1
+
     def _on_readable(self, conn: _Conn) -> None:
         try:
             data = conn.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            self._drop(conn)
-            return
+        except OSError as exc:
+            data = b""
+            if not conn.ready or conn.inbuf:
+                self._reject(conn, f"connection error during a message ({type(exc).__name__})")
+                return
         if not data:
-            self._drop(conn)  # disconnected (possibly mid-frame: the partial frame is discarded)
+            if conn.closing or (conn.ready and not conn.inbuf):
+                self._drop(conn)  # an ordinary disconnect
+            elif not conn.ready:
+                self._reject(conn, "it closed the connection before completing the handshake")
+            else:
+                self._reject(conn, "it closed the connection in the middle of a message (truncated frame)")
             return
+        if conn.closing:
+            return  # the handshake was refused; whatever else it sends is ignored
         conn.inbuf += data
         self._process_input(conn)
+        if not conn.closed and conn.waiter is not None and len(conn.inbuf) > _MAX_PIPELINED:
+            self._reject(conn, f"it sent {len(conn.inbuf)} bytes past a request still waiting for its reply")
 
     def _process_input(self, conn: _Conn) -> None:
         # Requests from one connection are answered in order: while one is parked, later ones wait.
-        while not conn.closed and conn.waiter is None and len(conn.inbuf) >= 4:
+        while not conn.closed and not conn.closing and conn.waiter is None and len(conn.inbuf) >= 4:
             (length,) = _U32.unpack_from(conn.inbuf, 0)
-            if length == 0 or length > MAX_FRAME:
-                logger.debug("rendezvous store: bad frame length %d from %s", length, conn.peer)
-                self._drop(conn)
+            limit = MAX_FRAME if conn.ready else _MAX_HANDSHAKE_FRAME
+            if length == 0 or length > limit:
+                when = "" if conn.ready else " before the handshake"
+                self._reject(
+                    conn, f"frame length {length} out of range (1..{limit}{when}); not a pycoll store client?"
+                )
                 return
             if len(conn.inbuf) < 4 + length:
                 return
             body = bytes(conn.inbuf[4 : 4 + length])
             del conn.inbuf[: 4 + length]
             try:
-                self._handle(conn, _Reader(body))
+                if conn.ready:
+                    self._handle(conn, _Reader(body))
+                else:
+                    self._handshake(conn, _Reader(body))
             except _ProtocolError as exc:
-                logger.debug("rendezvous store: protocol error from %s: %s", conn.peer, exc)
-                self._drop(conn)
+                self._reject(conn, f"protocol error: {exc}")
                 return
+
+    def _handshake(self, conn: _Conn, req: _Reader) -> None:
+        op = req.u8()
+        secret = self._secret
+        if not conn.nonce:  # HELLO expected
+            if op != _OP_HELLO:
+                raise _ProtocolError(f"op {op} before the handshake")
+            magic = req.blob()
+            if magic != _MAGIC:
+                if not magic.startswith(_MAGIC_FAMILY):
+                    raise _ProtocolError("wrong magic (not a pycoll store client)")
+                # Shown in a log line and an error: short, printable (it comes from an unknown peer).
+                theirs = "".join(c if c.isprintable() else "?" for c in magic[:40].decode("ascii", "replace"))
+                self._reply(
+                    conn,
+                    _U8.pack(_ST_ERROR)
+                    + _enc_str(
+                        f"this store speaks protocol {_MAGIC.decode()} but the client {theirs}: every "
+                        "process of a job must run the same pycoll version"
+                    ),
+                )
+                self._reject(conn, f"it speaks another protocol version ({theirs})", after_reply=True)
+                return
+            auth = req.u8()
+            req.end()
+            if auth not in (_AUTH_NONE, _AUTH_HMAC):
+                raise _ProtocolError(f"unknown authentication mode {auth}")
+            mine = _AUTH_NONE if secret is None else _AUTH_HMAC
+            nonce = b"" if secret is None else secrets.token_bytes(_NONCE_BYTES)
+            # Ready before the reply goes out: once the client has it, num_clients must count it.
+            if auth == mine and secret is None:
+                self._ready(conn)
+            # The reply carries our mode even when it differs: the client can say which side lacks a secret.
+            self._reply(conn, _U8.pack(_ST_OK) + _enc_blob(_MAGIC) + _U8.pack(mine) + _enc_blob(nonce))
+            if auth != mine:
+                reason = (
+                    "it has no rendezvous secret but this store requires one (PYCOLL_SECRET)"
+                    if secret is not None
+                    else "it offers a rendezvous secret but this store has none (PYCOLL_SECRET not set here)"
+                )
+                self._reject(conn, reason, after_reply=True)
+            elif secret is not None:
+                conn.nonce = nonce
+            return
+        if op != _OP_AUTH:  # AUTH expected
+            raise _ProtocolError(f"op {op} instead of AUTH")
+        assert secret is not None
+        client_nonce, proof = req.blob(), req.blob()
+        req.end()
+        if len(client_nonce) != _NONCE_BYTES:
+            raise _ProtocolError(f"client nonce of {len(client_nonce)} bytes")
+        if not hmac.compare_digest(proof, _proof(secret, _CLIENT_TAG, conn.nonce, client_nonce)):
+            self._reply(conn, _U8.pack(_ST_ERROR) + _enc_str("the rendezvous secret did not match"))
+            self._reject(conn, "wrong rendezvous secret", after_reply=True)
+            return
+        server_proof = _proof(secret, _SERVER_TAG, conn.nonce, client_nonce)
+        self._ready(conn)
+        self._reply(conn, _U8.pack(_ST_OK) + _enc_blob(server_proof))
+
+    def _ready(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.ready = True
+        conn.nonce = b""
+        self._handshaking.discard(conn)
+
+    def _expire_handshakes(self) -> None:
+        if not self._handshaking:
+            return
+        now = time.monotonic()
+        for conn in [c for c in self._handshaking if c.deadline <= now]:
+            if conn.closing:
+                self._drop(conn)  # refused earlier (and logged then), and never read why
+            else:
+                self._reject(
+                    conn, f"it did not complete the handshake within {_fmt_seconds(self._handshake_timeout)}"
+                )
 
     def _handle(self, conn: _Conn, req: _Reader) -> None:
         op = req.u8()
-        if op == _OP_HELLO:
-            magic = req.blob()
-            req.end()
-            if magic != _MAGIC:
-                raise _ProtocolError("wrong magic")
-            self._reply(conn, _U8.pack(_ST_OK) + _enc_blob(_MAGIC))
-        elif op == _OP_SET:
+        if op == _OP_SET:
             key, value = req.text(), req.blob()
             req.end()
             self._data[key] = value
@@ -545,7 +801,12 @@ class TCPStoreServer:
     def _reply(self, conn: _Conn, body: bytes) -> None:
         if conn.closed:
             return
-        conn.outbuf += _U32.pack(len(body)) + body
+        frame = _U32.pack(len(body)) + body
+        if conn.outbuf and len(conn.outbuf) + len(frame) > self._max_pending_output:
+            # It keeps sending requests but does not take the replies: do not buffer for it without bound.
+            self._reject(conn, f"it does not read its replies ({len(conn.outbuf)} bytes queued for it)")
+            return
+        conn.outbuf += frame
         self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
@@ -558,6 +819,9 @@ class TCPStoreServer:
                 self._drop(conn)
                 return
             del conn.outbuf[:sent]
+        if conn.closing and not conn.outbuf:
+            self._drop(conn)  # the reply that says why it is refused has been sent
+            return
         want_write = bool(conn.outbuf)
         if want_write != conn.writing:
             conn.writing = want_write
@@ -576,6 +840,10 @@ class TCPStoreClient:
     ``timeout``) has passed, so clients may start before the server. ``timeout`` is the default
     deadline of every operation. One client may be shared by threads; its requests are serialized
     (a blocking ``get`` holds the connection until it returns).
+
+    ``secret`` must match the server's (both None, or the same bytes): the client proves it holds the
+    secret and checks that the server does too. A mismatch raises InvalidUsageError at once (it is
+    not retried).
     """
 
     def __init__(
@@ -585,9 +853,11 @@ class TCPStoreClient:
         timeout: float = DEFAULT_TIMEOUT,
         *,
         connect_timeout: float | None = None,
+        secret: bytes | None = None,
     ) -> None:
         if timeout < 0:
             raise InvalidUsageError(f"store timeout must be >= 0 seconds, got {timeout}")
+        self._secret = _check_secret(secret)
         self.host = host
         self.port = int(port)
         self.timeout = float(timeout)
@@ -698,10 +968,7 @@ class TCPStoreClient:
                 )
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(max(0.05, min(deadline - time.monotonic(), 10.0)))
-                sock.sendall(_frame(bytes([_OP_HELLO]) + _enc_blob(_MAGIC)))
-                status, reply = _read_reply(sock)
-                if status != _ST_OK or reply.blob() != _MAGIC:
-                    raise _ProtocolError("unexpected handshake reply")
+                self._handshake(sock)
                 sock.settimeout(None)
                 self._sock = sock
                 return
@@ -712,6 +979,10 @@ class TCPStoreClient:
                     last_error = "the server there did not answer as a pycoll store"
                 else:
                     last_error = f"{type(exc).__name__}: {exc}"
+            except BaseException:  # a secret mismatch (InvalidUsageError): retrying cannot help
+                if sock is not None:
+                    sock.close()
+                raise
             now = time.monotonic()
             if now >= deadline:
                 raise CollectiveTimeoutError(
@@ -722,6 +993,57 @@ class TCPStoreClient:
                 )
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 1.0)
+
+    def _handshake(self, sock: socket.socket) -> None:
+        """HELLO, then (with a secret) AUTH; see the module docstring."""
+        secret = self._secret
+        mode = _AUTH_NONE if secret is None else _AUTH_HMAC
+        sock.sendall(_frame(bytes([_OP_HELLO]) + _enc_blob(_MAGIC) + _U8.pack(mode)))
+        status, reply = _read_reply(sock, _MAX_HANDSHAKE_FRAME)
+        if status == _ST_ERROR:
+            raise InvalidUsageError(
+                f"the rendezvous store at {self.address} refused this client: {reply.text()}"
+            )
+        if status != _ST_OK or reply.blob() != _MAGIC:
+            raise _ProtocolError("unexpected handshake reply")
+        theirs, server_nonce = reply.u8(), reply.blob()
+        reply.end()
+        if theirs == _AUTH_HMAC and mode == _AUTH_NONE:
+            raise InvalidUsageError(
+                f"the rendezvous store at {self.address} requires a rendezvous secret, but this process has "
+                "none: set PYCOLL_SECRET to the job's secret (the same on every rank and on the launcher)"
+            )
+        if theirs == _AUTH_NONE and mode == _AUTH_HMAC:
+            raise InvalidUsageError(
+                f"this process has a rendezvous secret (PYCOLL_SECRET) but the rendezvous store at "
+                f"{self.address} has none: set the same PYCOLL_SECRET where the store runs (rank 0 or the "
+                "launcher), or unset it here"
+            )
+        if theirs != mode:
+            raise _ProtocolError(f"unknown authentication mode {theirs}")
+        if secret is None:
+            return
+        if len(server_nonce) != _NONCE_BYTES:
+            raise _ProtocolError("bad server nonce")
+        client_nonce = secrets.token_bytes(_NONCE_BYTES)
+        proof = _proof(secret, _CLIENT_TAG, server_nonce, client_nonce)
+        sock.sendall(_frame(bytes([_OP_AUTH]) + _enc_blob(client_nonce) + _enc_blob(proof)))
+        status, reply = _read_reply(sock, _MAX_HANDSHAKE_FRAME)
+        hint = "PYCOLL_SECRET must be the same on every rank and on the process hosting the store"
+        if status == _ST_ERROR:
+            raise InvalidUsageError(
+                f"the rendezvous store at {self.address} refused this client: the rendezvous secret did "
+                f"not match ({hint})"
+            )
+        if status != _ST_OK:
+            raise _ProtocolError("unexpected handshake reply")
+        server_proof = reply.blob()
+        reply.end()
+        if not hmac.compare_digest(server_proof, _proof(secret, _SERVER_TAG, server_nonce, client_nonce)):
+            raise InvalidUsageError(
+                f"the rendezvous store at {self.address} could not prove it holds the rendezvous secret: "
+                f"the rendezvous secret did not match, or another program is listening there ({hint})"
+            )
 
     def _disconnect(self) -> None:
         if self._sock is not None:
@@ -778,9 +1100,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _read_reply(sock: socket.socket) -> tuple[int, _Reader]:
+def _read_reply(sock: socket.socket, limit: int = MAX_FRAME) -> tuple[int, _Reader]:
     (length,) = _U32.unpack(_recv_exact(sock, 4))
-    if length == 0 or length > MAX_FRAME:
+    if length == 0 or length > limit:
         raise _ProtocolError(f"bad reply length {length}")
     reader = _Reader(_recv_exact(sock, length))
     status = reader.u8()

@@ -377,7 +377,15 @@ def probe_iommu(sys_root: Path, proc_root: Path) -> IommuInfo:
 # Environment
 
 
+# Variables whose values the report never shows (the doctor's output is meant to be pasted into issues).
+_HIDDEN_VALUES = frozenset({"PYCOLL_SECRET"})
+
+
 def probe_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The NCCL_* and PYCOLL_* variables that are set (names only matched here; pycoll.env remains the
-    one module that interprets PYCOLL_* values)."""
-    return {k: environ[k] for k in sorted(environ) if k.startswith(("NCCL_", "PYCOLL_"))}
+    one module that interprets PYCOLL_* values). Secrets show as ``(set, hidden)``."""
+    return {
+        k: "(set, hidden)" if k in _HIDDEN_VALUES else environ[k]
+        for k in sorted(environ)
+        if k.startswith(("NCCL_", "PYCOLL_"))
+    }

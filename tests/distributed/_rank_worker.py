@@ -104,6 +104,7 @@ def main() -> int:
         import pycoll
         import pycoll.api  # noqa: F401 - the native module loads here, before set-up starts
         from pycoll.bootstrap import TCPStoreClient
+        from pycoll.env import rendezvous_secret
 
         for name in setup.get("preimport", ()):
             importlib.import_module(name)
@@ -111,7 +112,9 @@ def main() -> int:
         (kind,) = conn.recv()
         assert kind == "init", kind
         comm_timeout = setup["comm_timeout"]
-        store = TCPStoreClient("127.0.0.1", setup["store_port"], timeout=comm_timeout or 60.0)
+        store = TCPStoreClient(
+            "127.0.0.1", setup["store_port"], timeout=comm_timeout or 60.0, secret=rendezvous_secret()
+        )
         comm = pycoll.init(rank=rank, world_size=world, store=store, timeout=comm_timeout,
                            **setup.get("init_kwargs", {}))
         conn.send(("ready", {"segment_bytes": comm.segment_bytes, "pid": os.getpid()}))

@@ -7,8 +7,10 @@
     run_ranks(3, body, timeout=30)           # a one-off pool of fresh processes (failure tests)
 
 * Workers are fresh interpreters (``subprocess`` + exec of ``_rank_worker.py``: never a fork of the
-  pytest process). They form the communicator over a ``TCPStoreServer`` this process hosts on port 0,
-  and talk to this process over an authenticated socket, also on a kernel-chosen port: no fixed ports.
+  pytest process). They form the communicator over a ``TCPStoreServer`` this process hosts on port 0
+  (``pool.store``; with ``PYCOLL_SECRET`` in ``env`` it requires that secret, as a rank-0 store would;
+  ``store_kwargs`` go to its constructor), and talk to this process over an authenticated socket, also
+  on a kernel-chosen port: no fixed ports.
 * ``fn`` must be a module-level function (sent as module + qualname, imported by the worker with the
   test process's ``sys.path``); args, kwargs and results travel pickled.
 * An exception in any rank fails the run with every failing rank's full traceback (``RankError``).
@@ -119,8 +121,10 @@ class RankPool:
         start_timeout: float = START_TIMEOUT_S,
         preimport: tuple[str, ...] = (),
         init_kwargs: dict[str, Any] | None = None,
+        store_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from pycoll.bootstrap import TCPStoreServer
+        from pycoll.env import rendezvous_secret
 
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -132,7 +136,9 @@ class RankPool:
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Any] = [None] * world_size
         self._logs: list[Any] = []
-        self._store = TCPStoreServer("127.0.0.1", 0)
+        # The workers read PYCOLL_SECRET from the environment they get; the store must require the same.
+        secret = rendezvous_secret({**os.environ, **(env or {})})
+        self._store = TCPStoreServer("127.0.0.1", 0, secret=secret, **(store_kwargs or {}))
         authkey = secrets.token_bytes(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=authkey, backlog=max(16, world_size))
         port = self._listener.address[1]
@@ -230,6 +236,11 @@ class RankPool:
     @property
     def segment_bytes(self) -> int:
         return int(self.info[0]["segment_bytes"])
+
+    @property
+    def store(self) -> Any:
+        """The ``TCPStoreServer`` the ranks' communicator was formed over (it lives as long as the pool)."""
+        return self._store
 
     @property
     def pids(self) -> list[int]:

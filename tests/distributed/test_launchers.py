@@ -1,11 +1,14 @@
-"""pycoll.init() under each launcher a user would reach for: pycoll run, torchrun, Open MPI's mpirun."""
+"""pycoll.init() under each launcher a user would reach for: pycoll run (one node, and two "nodes" on
+this machine), torchrun, Open MPI's mpirun; and the error when ranks say they are on several hosts."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +18,15 @@ EXAMPLE = ROOT / "examples" / "allreduce.py"
 WORLD = 3
 
 
-def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    env.pop("PYCOLL_HOST_ID", None)  # every rank is on this one host
+    env["PYCOLL_TIMEOUT"] = "60"  # a rank left alone fails within a minute, not after the default 300 s
+    return env
+
+
+def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
 
 
 def _assert_all_ranks_ok(proc: subprocess.CompletedProcess) -> None:
@@ -58,3 +67,160 @@ def test_mpirun() -> None:
         cmd[1:1] = ["--allow-run-as-root"]
     cmd[1:1] = ["--oversubscribe"]
     _assert_all_ranks_ok(_run(cmd))
+
+
+# Every rank checks its all-reduce against the closed form and what it knows of its node and host.
+TWO_NODE_SCRIPT = """
+import os
+import numpy as np
+import pycoll
+
+comm = pycoll.init()
+rank, world = comm.rank, comm.world_size
+x = np.arange(3000, dtype=np.float64) * (rank + 1)
+pycoll.allreduce(x)
+expected = np.arange(3000, dtype=np.float64) * (world * (world + 1) // 2)
+assert np.array_equal(x, expected), f"rank {rank}: {x[:4]} != {expected[:4]}"
+assert os.environ["GROUP_RANK"] == str(rank // int(os.environ["LOCAL_WORLD_SIZE"]))
+# PYCOLL_HOST_ID unset: both "nodes" are this machine, so the communicator sees one host
+assert (comm.local_rank, comm.local_world_size, comm.node_rank, comm.num_nodes) == (rank, world, 0, 1)
+pycoll.barrier()
+print(f"rank {rank} of {world} on node {os.environ['GROUP_RANK']}: allreduce ok", flush=True)
+pycoll.finalize()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_node(tmp_path: Path, node: int, port: int, args: list[str]) -> tuple[subprocess.Popen, Path, Path]:
+    out, err = tmp_path / f"node{node}-{port}.out", tmp_path / f"node{node}-{port}.err"
+    cmd = [sys.executable, "-m", "pycoll.run", "--nnodes", "2", "--node-rank", str(node),
+           "--master-addr", "127.0.0.1", "--master-port", str(port), *args]  # fmt: skip
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=_env(), cwd=ROOT)
+    return proc, out, err
+
+
+def _run_two_nodes(tmp_path: Path, args: list[str], timeout: float = 150) -> list[tuple[int, str, str]]:
+    """`pycoll run --nnodes 2` twice (node ranks 0 and 1) on this machine; (exit code, stdout, stderr)
+    of each. The port: a free one, with a small race (another process could bind it before node 0's
+    launcher does); node 0 then exits 2 ("cannot listen") and another port is tried. Node 1 starts once
+    node 0 says it listens. Launchers still running at the deadline are killed."""
+    deadline = time.monotonic() + timeout
+    nodes: list[tuple[subprocess.Popen, Path, Path]] = []
+    try:
+        for _ in range(5):
+            port = _free_port()
+            node0 = _start_node(tmp_path, 0, port, args)
+            while "listening on" not in node0[2].read_text() and node0[0].poll() is None:
+                assert time.monotonic() < deadline, "node 0's launcher did not start listening"
+                time.sleep(0.02)
+            if node0[0].poll() == 2 and "cannot listen" in node0[2].read_text():
+                continue
+            nodes = [node0, _start_node(tmp_path, 1, port, args)]
+            break
+        assert nodes, "no free port could be bound in 5 tries"
+        for proc, _, _ in nodes:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc, _, _ in nodes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    return [(proc.returncode, out.read_text(), err.read_text()) for proc, out, err in nodes]
+
+
+def test_pycoll_run_two_nodes_on_one_machine(tmp_path: Path) -> None:
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    per_node = 2
+    outs = _run_two_nodes(tmp_path, ["-n", str(per_node), str(script)])
+    for node, (rc, out, err) in enumerate(outs):
+        assert rc == 0, f"node {node}: exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    world = 2 * per_node
+    for r in range(world):
+        node = r // per_node
+        assert f"rank {r} of {world} on node {node}: allreduce ok" in outs[node][1], outs
+
+
+def test_pycoll_run_two_nodes_failure_reaches_the_other_node(tmp_path: Path) -> None:
+    """Rank 3 (node 1) exits 3 before the all-reduce: node 1's launcher stops rank 2; ranks 0 and 1
+    (node 0), left waiting in the all-reduce, fail on the lost peer; both launchers exit non-zero."""
+    script = tmp_path / "fail_node1.py"
+    script.write_text(
+        "import sys\nimport numpy as np\nimport pycoll\n"
+        "comm = pycoll.init()\n"
+        "if comm.rank == 3:\n    sys.exit(3)\n"
+        "pycoll.allreduce(np.ones(1000, dtype=np.float32))\n"
+    )
+    start = time.monotonic()
+    (rc0, _, err0), (rc1, _, err1) = _run_two_nodes(tmp_path, ["-n", "2", str(script)])
+    assert rc1 == 3 and "(node 1 of 2): rank 3 failed (exit code 3)" in err1, err1
+    assert rc0 != 0 and "(node 0 of 2): rank " in err0 and " failed" in err0, err0
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun (torch) is not installed")
+def test_torchrun_two_nodes_on_one_machine(tmp_path: Path) -> None:
+    """torchrun --nnodes 2 twice: GROUP_RANK / GROUP_WORLD_SIZE reach LaunchInfo and the ranks meet in
+    torchrun's agent store. The free port has the small race of _free_port (torchrun cannot report one)."""
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    port = _free_port()
+    cmds = [
+        ["torchrun", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script)]
+        for node in (0, 1)
+    ]  # fmt: skip
+    logs = [(tmp_path / f"torchrun{node}.out", tmp_path / f"torchrun{node}.err") for node in (0, 1)]
+    procs = []
+    for cmd, (out_path, err_path) in zip(cmds, logs):
+        with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
+            procs.append(subprocess.Popen(cmd, stdout=fo, stderr=fe, env=_env()))
+    deadline = time.monotonic() + 150
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    outs = [(o.read_text(), e.read_text()) for o, e in logs]
+    for node, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"node {node}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}"
+    for r in range(4):
+        assert f"rank {r} of 4 on node {r // 2}: allreduce ok" in outs[r // 2][0], outs
+
+
+HOST_SPLIT_SCRIPT = """
+import os
+import pycoll
+from pycoll.errors import InvalidUsageError
+
+rank = int(os.environ["RANK"])
+os.environ["PYCOLL_HOST_ID"] = "hostA" if rank < 2 else "hostB"  # ranks 2, 3 say they are elsewhere
+try:
+    pycoll.init()
+except InvalidUsageError as exc:
+    print(f"rank {rank} error: {exc}", flush=True)
+else:
+    print(f"rank {rank} formed a communicator", flush=True)
+"""
+
+
+def test_ranks_on_two_hosts_are_refused_on_every_rank(tmp_path: Path) -> None:
+    script = tmp_path / "host_split.py"
+    script.write_text(HOST_SPLIT_SCRIPT)
+    proc = _run([sys.executable, "-m", "pycoll.run", "-n", "4", str(script)], timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for r in range(4):
+        (line,) = [x for x in lines if x.startswith(f"rank {r} ")]
+        assert f"rank {r} error: rank {r}: the 4 ranks run on 2 hosts" in line, proc.stdout
+        assert "host 'hostA': ranks 0, 1; host 'hostB': ranks 2, 3" in line
+        assert "TCP transport" in line

@@ -228,6 +228,21 @@ def _frame(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
+def raw_connection(port: int) -> socket.socket:
+    """A plain socket past the store's handshake (no secret), for tests that send hand-made frames."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+    magic = b"pycoll-store/2"
+    raw.sendall(_frame(b"\x00" + struct.pack(">I", len(magic)) + magic + b"\x00"))
+    expected = _frame(b"\x00" + struct.pack(">I", len(magic)) + magic + b"\x00" + struct.pack(">I", 0))
+    data = b""
+    while len(data) < len(expected):
+        chunk = raw.recv(len(expected) - len(data))
+        assert chunk, "the store hung up during the handshake"
+        data += chunk
+    assert data == expected
+    return raw
+
+
 BAD_INPUTS = {
     "garbage": b"\xde\xad\xbe\xef" * 64,
     "zero_length": struct.pack(">I", 0) + b"xxxx",
@@ -241,10 +256,12 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.parametrize("handshake", [False, True], ids=["before_handshake", "after_handshake"])
 @pytest.mark.parametrize("name", sorted(BAD_INPUTS))
-def test_server_drops_bad_client_and_keeps_serving(server, client, name):
+def test_server_drops_bad_client_and_keeps_serving(server, client, name, handshake):
     client.set("before", b"1")
-    with socket.create_connection(("127.0.0.1", server.port), timeout=DEADLINE) as bad:
+    connect = raw_connection if handshake else lambda port: socket.create_connection(("127.0.0.1", port))
+    with connect(server.port) as bad:
         bad.sendall(BAD_INPUTS[name])
         bad.settimeout(DEADLINE)
         try:
@@ -255,6 +272,7 @@ def test_server_drops_bad_client_and_keeps_serving(server, client, name):
     client.set("after", b"2")
     with TCPStoreClient("127.0.0.1", server.port, timeout=DEADLINE) as fresh:
         assert fresh.get("after") == b"2"
+    assert server.rejected_connections == 1
 
 
 def test_truncated_frame_does_not_block_others(server, client):
@@ -274,7 +292,7 @@ def test_truncated_frame_does_not_block_others(server, client):
 
 def test_waiting_client_that_disconnects(server, client):
     # A raw client parks a GET on "w" and vanishes; a real waiter on the same key must still be woken.
-    raw = socket.create_connection(("127.0.0.1", server.port), timeout=DEADLINE)
+    raw = raw_connection(server.port)
     raw.sendall(_frame(b"\x02" + struct.pack(">I", 1) + b"w" + struct.pack(">d", 30.0)))
     time.sleep(0.05)
     raw.close()
@@ -292,7 +310,7 @@ def test_waiting_client_that_disconnects(server, client):
 
 def test_pipelined_requests_answered_in_order(server):
     # Two requests in one write; the first blocks until the key exists, the second follows it.
-    raw = socket.create_connection(("127.0.0.1", server.port), timeout=DEADLINE)
+    raw = raw_connection(server.port)
     try:
         get = _frame(b"\x02" + struct.pack(">I", 1) + b"p" + struct.pack(">d", 10.0))
         add = _frame(b"\x03" + struct.pack(">I", 1) + b"q" + struct.pack(">q", 7))
@@ -537,7 +555,8 @@ def test_detect_slurm():
         "SLURM_PROCID": "6", "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODEID": "3",
         "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
     }  # fmt: skip
-    assert detect_launch(env) == LaunchInfo(6, 7, 0, 1, "127.0.0.1", None, "slurm", "4242.0")
+    expected = LaunchInfo(6, 7, 0, 1, "127.0.0.1", None, "slurm", "4242.0", node_rank=3)
+    assert detect_launch(env) == expected
     env["SLURM_NTASKS_PER_NODE"] = "2"
     env["SLURM_NTASKS"] = "8"
     env["SLURM_PROCID"] = "7"

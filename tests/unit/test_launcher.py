@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -360,3 +361,203 @@ def _is_zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Several nodes: pycoll run --nnodes M --node-rank K --master-addr A --master-port P
+
+
+def test_parse_nnodes():
+    from pycoll.cli.run import build_parser
+
+    args = build_parser().parse_args(
+        ["-n", "4", "--nnodes", "2", "--node-rank", "1", "--master-addr", "node0", "--master-port", "29500",
+         "train.py", "--lr", "1", "--nnodes", "9"]
+    )  # fmt: skip
+    assert (args.nproc, args.nnodes, args.node_rank) == (4, 2, 1)
+    assert (args.master_addr, args.master_port) == ("node0", 29500)
+    assert args.program == "train.py" and args.args == ["--lr", "1", "--nnodes", "9"]  # the script's own
+    args = build_parser().parse_args(["--nproc-per-node", "2", "s.py"])
+    assert (args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port) == (2, 1, 0, None, 0)
+
+
+def test_rank_env_of_nodes():
+    from pycoll.cli.run import _rank_env
+
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "PYCOLL_LAUNCHER_STORE")  # fmt: skip
+    # one node, as `-n 3` has always started ranks
+    env = _rank_env({"KEEP": "1", "RANK": "99"}, 2, 3, 4000, False)
+    assert [env[k] for k in keys] == ["2", "3", "2", "3", "0", "1", "0", "127.0.0.1", "4000", "1"]
+    assert env["KEEP"] == "1"
+    # node 2 of 3 with 4 ranks each: ranks 8..11
+    for local in range(4):
+        env = _rank_env({}, local, 4, 29500, False, nnodes=3, node_rank=2, master_addr="10.0.0.1")
+        expected = [str(8 + local), "12", str(local), "4", "2", "3", "2", "10.0.0.1", "29500", "1"]
+        assert [env[k] for k in keys] == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nnodes", "2"], ["--nnodes 2 needs --master-addr and --master-port", "same --master-addr"]),
+        (["--nnodes", "2", "--master-addr", "node0"], ["needs --master-port", "node 0's launcher hosts"]),
+        (["--nnodes", "2", "--master-port", "29500"], ["needs --master-addr"]),
+        (["--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "--master-port", "5"],
+         ["--node-rank must be in 0..1", "got 2"]),
+        (["--node-rank", "-1"], ["--node-rank must be in 0..0"]),
+        (["--nnodes", "0"], ["--nnodes must be at least 1"]),
+        (["--nnodes", "2", "--master-addr", " ", "--master-port", "5"], ["--master-addr"]),
+    ],
+)  # fmt: skip
+def test_nnodes_usage_errors(tmp_path, capsys, argv, expected):
+    from pycoll.cli.run import build_parser, run_command
+
+    script = tmp_path / "never_run.py"
+    script.write_text("raise SystemExit(5)\n")
+    assert run_command(build_parser().parse_args(["-n", "2", *argv, str(script)])) == 2
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text in err
+
+
+def test_socket_ifname_that_does_not_exist(capsys):
+    from pycoll.cli.run import launch
+
+    env = env_with_path({"PYCOLL_SOCKET_IFNAME": "nosuchif0"})
+    cmd = [sys.executable, "-c", "raise SystemExit(5)"]
+    rc = launch(2, cmd, master_port=free_port(), master_addr="127.0.0.1", nnodes=2, node_rank=0, env=env)
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "PYCOLL_SOCKET_IFNAME='nosuchif0'" in err and "no such network interface" in err
+
+
+def free_port() -> int:
+    """A port free now. Another process may take it before the launcher binds it: start_two_nodes
+    then tries another one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def start_node(
+    tmp_path: Path, node: int, port: int, args: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """One `pycoll run --nnodes 2 --node-rank node` on this machine, output to files."""
+    out, err = tmp_path / f"node{node}-{port}.out", tmp_path / f"node{node}-{port}.err"
+    cmd = [sys.executable, "-c", LAUNCHER, "run", "--nnodes", "2", "--node-rank", str(node),
+           "--master-addr", "127.0.0.1", "--master-port", str(port), *args]  # fmt: skip
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen(cmd, env=env or env_with_path(), stdout=fo, stderr=fe)
+    return proc, out, err
+
+
+def start_two_nodes(
+    tmp_path: Path, args: list[str], env: dict[str, str] | None = None
+) -> list[tuple[subprocess.Popen[bytes], Path, Path]]:
+    """Node 0 first, on a free port: once it says it listens, node 1. Should the port have been taken
+    between free_port() and the launcher's bind (the launcher then exits 2), another one is tried."""
+    for _ in range(5):
+        port = free_port()
+        node0 = start_node(tmp_path, 0, port, args, env)
+        end = time.monotonic() + DEADLINE
+        while "listening on" not in _read(node0[2]) and node0[0].poll() is None:
+            if time.monotonic() > end:
+                node0[0].kill()
+                node0[0].wait(timeout=DEADLINE)
+                pytest.fail(f"node 0's launcher did not start listening:\n{_read(node0[2])}")
+            time.sleep(0.02)
+        if node0[0].poll() == 2 and "cannot listen" in _read(node0[2]):
+            continue
+        return [node0, start_node(tmp_path, 1, port, args, env)]
+    pytest.fail("no free port could be bound in 5 tries")
+
+
+def finish(nodes: list[tuple[subprocess.Popen[bytes], Path, Path]]) -> list[tuple[int, str, str]]:
+    """Wait for every launcher (killing them past the deadline); (exit code, stdout, stderr) of each."""
+    end = time.monotonic() + DEADLINE
+    try:
+        for proc, _, err in nodes:
+            try:
+                proc.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"launcher did not finish within {DEADLINE} s:\n{_read(err)}")
+    finally:
+        for proc, _, _ in nodes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=DEADLINE)
+    return [(proc.returncode, _read(out), _read(err)) for proc, out, err in nodes]
+
+
+def test_two_nodes_share_node0s_store(tmp_path):
+    script = write_script(
+        tmp_path / "node_child.py",
+        f"""
+        import json, os
+        from pycoll.bootstrap.env import detect_launch, launcher_hosts_store
+        from pycoll.bootstrap.rendezvous import rendezvous, store_barrier
+        info = detect_launch()
+        store, server = rendezvous(info, timeout=20, store_hosted_externally=launcher_hosts_store())
+        assert server is None  # no rank hosts a store: node 0's launcher does
+        store.add("ranks", info.rank + 1)
+        store_barrier(store, "end", info.rank, info.world_size, timeout=20)
+        record = {{k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK",
+                                             "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT")}}
+        record["sum"] = int(store.get("ranks"))
+        record["node"] = [info.node_rank, info.num_nodes]
+        with open(os.path.join({str(tmp_path)!r}, f"rank{{info.rank}}.json"), "w") as f:
+            json.dump(record, f)
+        store.close()
+        """,
+    )
+    results = finish(start_two_nodes(tmp_path, ["-n", "2", "--tag-output", script]))
+    for rc, _, err in results:
+        assert rc == 0, err
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [(r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"], r["NODE_RANK"]) for r in records] == [
+        ("0", "0", "0", "0"), ("1", "1", "0", "0"), ("2", "0", "1", "1"), ("3", "1", "1", "1"),
+    ]  # fmt: skip
+    assert {(r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"]) for r in records} == {("4", "2")}
+    assert len({r["MASTER_PORT"] for r in records}) == 1
+    assert {r["sum"] for r in records} == {10}
+    assert [r["node"] for r in records] == [[0, 2], [0, 2], [1, 2], [1, 2]]
+    assert "(node 0 of 2): rendezvous store listening on 0.0.0.0:" in results[0][2]
+    assert "listening" not in results[1][2]  # node 1 hosts nothing
+
+
+def test_node_without_node0_names_the_address(tmp_path):
+    script = write_script(
+        tmp_path / "lonely.py",
+        """
+        from pycoll.bootstrap.env import detect_launch, launcher_hosts_store
+        from pycoll.bootstrap.rendezvous import rendezvous
+        rendezvous(detect_launch(), timeout=1.5, store_hosted_externally=launcher_hosts_store())
+        """,
+    )
+    port = free_port()  # nothing listens there
+    ((rc, _, err),) = finish([start_node(tmp_path, 1, port, ["-n", "2", script])])
+    assert rc == 1, err
+    assert f"127.0.0.1:{port}" in err and "node 0's launcher did not answer" in err
+    assert "(node 1 of 2)" in err and ("rank 2" in err or "rank 3" in err)
+
+
+def test_socket_ifname_binds_that_interface(tmp_path):
+    if "lo" not in [name for _, name in socket.if_nameindex()]:
+        pytest.skip("no 'lo' interface")
+    script = write_script(tmp_path / "quick.py", "pass\n")
+    env = env_with_path({"PYCOLL_SOCKET_IFNAME": "lo"})
+    for _ in range(5):  # another process may take the free port first: then the launcher exits 2
+        port = free_port()
+        rc, _, err, _ = run_launcher(
+            ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "-n", "1", script],
+            env,
+        )
+        if not (rc == 2 and "cannot listen" in err):
+            break
+    assert rc == 0, err
+    assert f"rendezvous store listening on 127.0.0.1:{port}" in err
