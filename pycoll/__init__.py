@@ -10,6 +10,7 @@ a driver or NCCL (and ``import pycoll.algorithms`` works without the native modu
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pycoll.errors import (
@@ -23,6 +24,10 @@ from pycoll.errors import (
 )
 
 __version__ = "0.1.0"
+
+# Silent by default: warnings (a dropped rendezvous connection, a watchdog abort) reach the application's
+# logging configuration, or stderr through PYCOLL_DEBUG, never Python's last-resort handler.
+logging.getLogger("pycoll").addHandler(logging.NullHandler())
 
 _API = (
     "init",
