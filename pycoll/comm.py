@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from pycoll.algorithms.grouped import lower_to_groups
 from pycoll.algorithms.plan import Plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
+from pycoll.bootstrap.net import interface_address, reachable_address
 from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
@@ -75,7 +77,7 @@ def _hosts_text(hosts: list[str]) -> str:
 
 
 class Communicator:
-    """Ranks 0..world_size-1 of one job, connected over shared memory (all on one host for now).
+    """Ranks 0..world_size-1 of one job, connected over shared memory (one host) or TCP (several hosts).
 
     Collectives on one communicator must be called in the same order by every rank. A communicator that
     saw an error (timeout, lost peer, mismatch) is broken: every later call raises
@@ -124,7 +126,12 @@ class Communicator:
         #: This rank's index among the ranks of its host and their count; this host's index among the
         #: distinct hosts (ordered by their lowest rank) and their count.
         self.local_rank, self.local_world_size, self.node_rank, self.num_nodes = host_layout(self.hosts, rank)
-        if self.num_nodes > 1:
+        #: How this rank's messages travel: "shm" (every rank on this host) or "tcp" (PYCOLL_TRANSPORT, or
+        #: ranks on several hosts; for now every peer then uses TCP, those of this host too).
+        self.transport = (
+            settings.transport if settings.transport != "auto" else "tcp" if self.num_nodes > 1 else "shm"
+        )
+        if self.num_nodes > 1 and self.transport == "shm":
             # Every rank saw the same host list, so every rank raises here. A rank hosting the store closes
             # it as it raises: it first waits (bounded) for the others to be past their reads, which
             # would otherwise fail with a lost store instead of this error.
@@ -132,10 +139,9 @@ class Communicator:
             self._wait_for_ranks_if_hosting("hosts_checked", min(timeout, 10.0))
             raise InvalidUsageError(
                 f"rank {rank}: the {world_size} ranks run on {self.num_nodes} hosts "
-                f"({_hosts_text(self.hosts)}), but this version of pycoll connects the ranks of one host "
-                "only, through shared memory: ranks on several hosts need the TCP transport, which is not "
-                "there yet. If these ranks do share a host, unset PYCOLL_HOST_ID or give it the same value "
-                "on all of them"
+                f"({_hosts_text(self.hosts)}), but PYCOLL_TRANSPORT=shm connects the ranks of one host only; "
+                "unset it (or set tcp). If these ranks do share a host, unset PYCOLL_HOST_ID or give it the "
+                "same value on all of them"
             )
 
         # Every rank on a core of its own: poll briefly, then yield briefly (in case the scheduler put
@@ -149,6 +155,11 @@ class Communicator:
         if yield_us is None:
             yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
         slot_bytes = settings.slot_bytes_for(world_size)
+        if self.transport == "tcp":
+            spin = 0  # the network is slow to answer: sleep on the transport rather than burn a core
+            bind, advertised = self._tcp_addresses()
+        else:
+            bind = advertised = ""
         self._native: _C.NativeCommunicator | None = _C.NativeCommunicator(
             rank,
             world_size,
@@ -157,26 +168,23 @@ class Communicator:
             spin * 1000,
             yield_us * 1000,
             settings.stream_bytes,
+            bind,
         )
-        self._store.set(f"shm/{rank}", f"{os.getpid()},{self._native.segment_fd}".encode())
-        pids, fds = [], []
-        for r in range(world_size):
-            pid, fd = self._store.get(f"shm/{r}", timeout).decode().split(",")
-            pids.append(int(pid))
-            fds.append(int(fd))
-        self._native.connect(pids, fds)
-        store_barrier(self._store, "attached", rank, world_size, timeout, what="shared-memory set-up")
-        self._native.close_segment_fd()
+        if self.transport == "tcp":
+            self._connect_tcp(advertised, timeout)
+        else:
+            self._attach_shared_memory(timeout)
         # Counted so that a rank hosting the store keeps it up until every rank is past the barrier.
         self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
         self.fragment_bytes = int(self._native.fragment_bytes)
         self.model = self._agree_on_model(timeout)
         log.info(
-            "rank %d/%d: shared-memory transport to every peer (%d slots x %d KiB per link), "
+            "rank %d/%d: %s transport to every peer (%d slots x %d KiB per link), "
             "spin %d us, yield %d us, reduce loops %s",
             rank,
             world_size,
+            "shared-memory" if self.transport == "shm" else "TCP",
             settings.shm_slots,
             slot_bytes // 1024,
             spin,
@@ -184,15 +192,58 @@ class Communicator:
             _C.reduce_isa(),
         )
 
+    def _attach_shared_memory(self, timeout: float) -> None:
+        native = self._native
+        assert native is not None
+        self._store.set(f"shm/{self.rank}", f"{os.getpid()},{native.segment_fd}".encode())
+        pids, fds = [], []
+        for r in range(self.world_size):
+            pid, fd = self._store.get(f"shm/{r}", timeout).decode().split(",")
+            pids.append(int(pid))
+            fds.append(int(fd))
+        native.connect(pids, fds)
+        store_barrier(
+            self._store, "attached", self.rank, self.world_size, timeout, what="shared-memory set-up"
+        )
+        native.close_segment_fd()
+
+    def _tcp_addresses(self) -> tuple[str, str]:
+        """(address this rank's TCP transport listens on, address it tells the other ranks)."""
+        if self.settings.socket_ifname is not None:
+            address = interface_address(self.settings.socket_ifname)
+            return address, address
+        if self.num_nodes == 1:
+            return "127.0.0.1", "127.0.0.1"
+        return "0.0.0.0", reachable_address(self._store)
+
+    def _connect_tcp(self, advertised: str, timeout: float) -> None:
+        """Every rank publishes where it listens; each dials the ranks below it. The token (rank 0's, from
+        the store: authenticated when PYCOLL_SECRET is set) is what a connection must show to be kept."""
+        native = self._native
+        assert native is not None
+        if self.rank == 0:
+            self._store.set("tcp/token", str(secrets.randbits(63)).encode())
+        token = int(self._store.get("tcp/token", timeout).decode())
+        self._store.set(f"tcp/{self.rank}", f"{advertised}:{native.tcp_port}".encode())
+        addresses = [self._store.get(f"tcp/{r}", timeout).decode() for r in range(self.world_size)]
+        native.connect_tcp(addresses, token, timeout)
+        store_barrier(self._store, "connected", self.rank, self.world_size, timeout, what="TCP set-up")
+
     def _agree_on_model(self, timeout: float) -> Model:
         """The cost model ``auto`` chooses by: rank 0's (this host's calibration, or the defaults),
         handed to every rank through the store, so that all ranks make the same choices."""
         if self.rank == 0:
-            model = load_model(
-                segment_bytes=self.segment_bytes, fragment_bytes=self.fragment_bytes, workers=usable_cpus()
-            )
+            model = None
+            if self.transport == "shm":  # calibrations are of this host's shared memory
+                model = load_model(
+                    segment_bytes=self.segment_bytes,
+                    fragment_bytes=self.fragment_bytes,
+                    workers=usable_cpus(),
+                )
             if model is None:
-                model = Model.for_link("shm", workers=usable_cpus(), segment_bytes=self.segment_bytes)
+                # Over TCP the link is unknown until calibrated: assume 10 GbE, the common slow case.
+                link = "shm" if self.transport == "shm" else "eth10"
+                model = Model.for_link(link, workers=usable_cpus(), segment_bytes=self.segment_bytes)
                 model = replace(model, fragment_bytes=self.fragment_bytes)
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
             return model

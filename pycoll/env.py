@@ -15,6 +15,9 @@
 | PYCOLL_STREAM_BYTES    | collectives with outputs at least this large write results     | off     |
 |                        | with non-temporal stores; off by default, as they measured      |         |
 |                        | slower than plain stores on the VMs pycoll was tuned on        |         |
+| PYCOLL_TRANSPORT       | how ranks reach each other: ``auto`` (shared memory when every | auto    |
+|                        | rank is on one host, else TCP), ``shm`` or ``tcp`` (TCP even on |         |
+|                        | one host: to test or measure it)                               |         |
 | PYCOLL_GPU_TRANSPORT   | how GPU collectives of ring/tree/direct move messages: ``nccl``| nccl    |
 |                        | (send/recv), or ``shm`` (through host shared memory: ranks     |         |
 |                        | that share one GPU, which NCCL refuses, or have no NCCL)       |         |
@@ -57,6 +60,7 @@ STREAM_OFF = 1 << 62
 DEFAULT_YIELD_US = 200
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
 GPU_TRANSPORTS = ("nccl", "shm")
+TRANSPORTS = ("auto", "shm", "tcp")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Settings:
     stream_bytes: int = STREAM_OFF
     yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
     gpu_transport: str = "nccl"
+    transport: str = "auto"
     host_id: str | None = None  # None: hostname + boot id (pycoll.comm.host_id)
     socket_ifname: str | None = None  # None: listen on every interface
     #: PYCOLL_SECRET as bytes (None: unset); kept out of repr so it is never printed or logged.
@@ -121,7 +126,13 @@ class Settings:
             raise InvalidUsageError(
                 f"PYCOLL_GPU_TRANSPORT must be one of {', '.join(GPU_TRANSPORTS)}, got {gpu_transport!r}"
             )
+        transport = env.get("PYCOLL_TRANSPORT", "auto").strip().lower() or "auto"
+        if transport not in TRANSPORTS:
+            raise InvalidUsageError(
+                f"PYCOLL_TRANSPORT must be one of {', '.join(TRANSPORTS)}, got {transport!r}"
+            )
         return cls(
+            transport=transport,
             host_id=_host_id(env.get("PYCOLL_HOST_ID", "")),
             socket_ifname=_socket_ifname(env.get("PYCOLL_SOCKET_IFNAME", "")),
             gpu_transport=gpu_transport,

@@ -21,6 +21,7 @@
 #include "kernels/half.h"
 #include "python/bindings.h"
 #include "transport/shm.h"
+#include "transport/tcp.h"
 
 #if PYCOLL_WITH_CUDA
 #include "cuda/gpu_backend.h"
@@ -105,9 +106,18 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
 
 class NativeCommunicator {
  public:
+  // Shared memory between the ranks, or with `tcp_bind` (the address to listen on) TCP connections.
   NativeCommunicator(int rank, int world, size_t slot_bytes, uint32_t slots, int64_t spin_ns, int64_t yield_ns,
-                     uint64_t stream_min_bytes)
-      : transport_(rank, world, ShmConfig{slot_bytes, slots}) {
+                     uint64_t stream_min_bytes, const std::string& tcp_bind) {
+    if (tcp_bind.empty()) {
+      auto shm = std::make_unique<ShmTransport>(rank, world, ShmConfig{slot_bytes, slots});
+      shm_ = shm.get();
+      transport_ = std::move(shm);
+    } else {
+      auto tcp = std::make_unique<TcpTransport>(rank, world, TcpConfig{slot_bytes, slots}, tcp_bind);
+      tcp_ = tcp.get();
+      transport_ = std::move(tcp);
+    }
     ExecutorPolicy policy;
     policy.spin_ns = spin_ns;
     policy.yield_ns = yield_ns;
@@ -118,7 +128,7 @@ class NativeCommunicator {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     };
     on_idle_ = policy.on_idle;
-    executor_ = std::make_unique<Executor>(transport_, policy);
+    executor_ = std::make_unique<Executor>(*transport_, policy);
   }
 
   // `codec` (None for plain collectives) encodes the messages of a compressed all-reduce; its plan works
@@ -127,7 +137,7 @@ class NativeCommunicator {
   void run(const NativePlan& plan, uintptr_t input, uintptr_t output, int dtype, int op, int collective, int algorithm,
            int64_t count, int root, const std::shared_ptr<cpu::Codec>& codec, int64_t codec_id, uintptr_t residual,
            uint64_t seed, double timeout_s, const std::shared_ptr<GroupedProgram>& program) {
-    if (plan.world != transport_.world() || plan.rank != transport_.rank())
+    if (plan.world != transport_->world() || plan.rank != transport_->rank())
       throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
     if (dtype < 0 || dtype >= kNumDTypes) throw Error(ErrorKind::kInvalidUsage, "unknown dtype code");
     if (op < 0 || op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code");
@@ -193,9 +203,9 @@ class NativeCommunicator {
       g.block_elems = codec->block_elems();
       g.block_bytes = codec->block_bytes();
       g.residual = args.residual;
-      g.rounding_key = codec::rounding_key(args.seed, static_cast<uint32_t>(transport_.rank()), g.seq);
+      g.rounding_key = codec::rounding_key(args.seed, static_cast<uint32_t>(transport_->rank()), g.seq);
     }
-    CpuGroupBackend backend(transport_, codec, args.timeout_ns, on_idle_);
+    CpuGroupBackend backend(*transport_, codec, args.timeout_ns, on_idle_);
     GroupedExecutor::run(plan, *program, g, backend);
   }
 
@@ -208,18 +218,28 @@ class NativeCommunicator {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mu_);
     call.seq = executor_->claim_seq();
-    CpuGroupBackend host(transport_, nullptr, static_cast<int64_t>(timeout_s * 1e9), on_idle_);
+    CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(timeout_s * 1e9), on_idle_);
     gpu.run(plan, program, call, &host);
   }
 #endif
 
-  void abort(int kind, const std::string& message) { transport_.abort(Error(static_cast<ErrorKind>(kind), message)); }
+  void abort(int kind, const std::string& message) { transport_->abort(Error(static_cast<ErrorKind>(kind), message)); }
 
-  ShmTransport& transport() { return transport_; }
+  Transport& transport() { return *transport_; }
+  ShmTransport& shm() {
+    if (!shm_) throw Error(ErrorKind::kInternal, "this communicator's transport is not shared memory");
+    return *shm_;
+  }
+  TcpTransport& tcp() {
+    if (!tcp_) throw Error(ErrorKind::kInternal, "this communicator's transport is not TCP");
+    return *tcp_;
+  }
   uint64_t seq() const { return executor_->seq(); }
 
  private:
-  ShmTransport transport_;
+  std::unique_ptr<Transport> transport_;
+  ShmTransport* shm_ = nullptr;
+  TcpTransport* tcp_ = nullptr;
   std::unique_ptr<Executor> executor_;
   std::mutex mu_;
   std::vector<float> work_;  // float32 copy of a float16 / bfloat16 buffer being all-reduced with a codec
@@ -460,16 +480,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("codec_isa", &cpu::codec_isa, "instruction set of the CPU codec loops in use");
 
   py::class_<NativeCommunicator>(m, "NativeCommunicator")
-      .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t>(), py::arg("rank"), py::arg("world"),
-           py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_ns"), py::arg("yield_ns"),
-           py::arg("stream_min_bytes"))
-      .def_property_readonly("segment_fd", [](NativeCommunicator& c) { return c.transport().segment_fd(); })
+      .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t, const std::string&>(), py::arg("rank"),
+           py::arg("world"), py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_ns"), py::arg("yield_ns"),
+           py::arg("stream_min_bytes"), py::arg("tcp_bind") = "")
+      .def_property_readonly("segment_fd", [](NativeCommunicator& c) { return c.shm().segment_fd(); })
+      .def_property_readonly("tcp_port", [](NativeCommunicator& c) { return c.tcp().listen_port(); })
+      .def_property_readonly("tcp_rejected", [](NativeCommunicator& c) { return c.tcp().rejected_connections(); })
+      .def(
+          "connect_tcp",
+          [](NativeCommunicator& c, const std::vector<std::string>& addresses, uint64_t token, double timeout_s) {
+            py::gil_scoped_release release;
+            c.tcp().connect(addresses, token, timeout_s);
+          },
+          py::arg("addresses"), py::arg("token"), py::arg("timeout_s"))
       .def_property_readonly("segment_bytes", [](NativeCommunicator& c) { return c.transport().segment_bytes(); })
       .def_property_readonly("fragment_bytes", [](NativeCommunicator& c) { return c.transport().fragment_bytes(); })
       .def_property_readonly("seq", &NativeCommunicator::seq)
       .def("connect", [](NativeCommunicator& c, const std::vector<int>& pids,
-                         const std::vector<int>& fds) { c.transport().connect(pids, fds); })
-      .def("close_segment_fd", [](NativeCommunicator& c) { c.transport().close_segment_fd(); })
+                         const std::vector<int>& fds) { c.shm().connect(pids, fds); })
+      .def("close_segment_fd", [](NativeCommunicator& c) { c.shm().close_segment_fd(); })
       .def("run", &NativeCommunicator::run, py::arg("plan"), py::arg("input"), py::arg("output"), py::arg("dtype"),
            py::arg("op"), py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::arg("root"),
            py::arg("codec"), py::arg("codec_id"), py::arg("residual"), py::arg("seed"), py::arg("timeout_s"),

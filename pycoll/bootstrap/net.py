@@ -8,7 +8,7 @@ import sys
 
 from pycoll.errors import InvalidUsageError
 
-__all__ = ["interface_address", "listen_address"]
+__all__ = ["interface_address", "listen_address", "reachable_address"]
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: the IPv4 address of an interface
 _IF_INET6 = "/proc/net/if_inet6"
@@ -76,3 +76,41 @@ def listen_address(master_addr: str, ifname: str | None) -> str:
     if ifname is not None:
         return interface_address(ifname)
     return "::" if ":" in master_addr else "0.0.0.0"
+
+
+def _store_host(store: object) -> str | None:
+    """The host of the TCP store under ``store``'s wrappers (PrefixStore, TorchStoreAdapter), if any."""
+    seen = 0
+    while store is not None and seen < 8:
+        host = getattr(store, "host", None)
+        if isinstance(host, str):
+            return host
+        store = getattr(store, "store", None) or getattr(store, "_store", None)
+        seen += 1
+    return None
+
+
+def reachable_address(store: object) -> str:
+    """This host's IPv4 address on the route to the rendezvous store's host: the address the other hosts
+    of the job can reach it at (set PYCOLL_SOCKET_IFNAME to choose another interface)."""
+    host = _store_host(store)
+    if host:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.connect((socket.gethostbyname(host), 9))  # a UDP "connection" sends nothing
+                address = sock.getsockname()[0]
+            if not address.startswith("127.") or host in ("localhost",) or host.startswith("127."):
+                return address
+        except OSError:
+            pass
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        address = "127.0.0.1"
+    if address.startswith("127."):
+        raise InvalidUsageError(
+            "cannot tell which address the other hosts reach this rank at (the rendezvous store is on "
+            f"{host or 'an unknown host'} and the hostname resolves to {address}); "
+            "set PYCOLL_SOCKET_IFNAME to the network interface to use (e.g. eth0)"
+        )
+    return address

@@ -48,10 +48,10 @@ def test_one_rank_communicator_knows_its_host(one_rank_comm):
     assert (comm.local_rank, comm.local_world_size, comm.node_rank, comm.num_nodes) == (0, 1, 0, 1)
 
 
-def test_ranks_on_two_hosts_fail_alike_on_every_rank():
-    """4 ranks (threads), PYCOLL_HOST_ID differing on 2 of them. Rank 0 hosts the store and closes it as
-    soon as its Communicator raises, as pycoll.init does: the others must still get the same error
-    (not a lost store), and nothing may wait past the deadline."""
+def test_ranks_on_two_hosts_with_shared_memory_only_fail_alike_on_every_rank():
+    """4 ranks (threads), PYCOLL_HOST_ID differing on 2 of them, PYCOLL_TRANSPORT=shm. Rank 0 hosts the
+    store and closes it as soon as its Communicator raises, as pycoll.init does: the others must still get
+    the same error (not a lost store), and nothing may wait past the deadline."""
     world = 4
     server = TCPStoreServer("127.0.0.1", 0)
     results: list[Any] = [None] * world
@@ -59,7 +59,7 @@ def test_ranks_on_two_hosts_fail_alike_on_every_rank():
     def rank_main(rank: int) -> None:
         client = TCPStoreClient("127.0.0.1", server.port, timeout=DEADLINE)
         owned: tuple[Any, ...] = (client, server) if rank == 0 else (client,)
-        settings = Settings(host_id="hostA" if rank < 2 else "hostB")
+        settings = Settings(host_id="hostA" if rank < 2 else "hostB", transport="shm")
         if rank == 3:
             time.sleep(0.2)  # the last rank comes late: rank 0 must not close the store under it
         try:
@@ -83,8 +83,46 @@ def test_ranks_on_two_hosts_fail_alike_on_every_rank():
         text = str(exc)
         assert text.startswith(f"rank {rank}: the 4 ranks run on 2 hosts")
         assert "host 'hostA': ranks 0, 1; host 'hostB': ranks 2, 3" in text
-        assert "TCP transport" in text and "PYCOLL_HOST_ID" in text
+        assert "PYCOLL_TRANSPORT=shm" in text and "PYCOLL_HOST_ID" in text
     assert time.monotonic() - start < 10.0
+
+
+def test_ranks_on_two_hosts_connect_over_tcp():
+    """The same layout with the default transport: the ranks connect over TCP and all-reduce correctly."""
+    import numpy as np
+
+    import pycoll
+
+    world = 4
+    server = TCPStoreServer("127.0.0.1", 0)
+    results: list[Any] = [None] * world
+
+    def rank_main(rank: int) -> None:
+        client = TCPStoreClient("127.0.0.1", server.port, timeout=DEADLINE)
+        try:
+            comm = Communicator(
+                client,
+                rank,
+                world,
+                timeout=DEADLINE,
+                settings=Settings(host_id="hostA" if rank < 2 else "hostB"),
+            )
+            x = np.full(100_003, rank + 1, dtype=np.int64)
+            pycoll.allreduce(x, comm=comm)
+            results[rank] = (comm.transport, comm.node_rank, comm.local_rank, bool((x == 10).all()))
+            comm.finalize()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            results[rank] = exc
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE)
+    server.close()
+    assert results == [("tcp", 0, 0, True), ("tcp", 0, 1, True), ("tcp", 1, 0, True), ("tcp", 1, 1, True)]
 
 
 def test_host_id_setting_rejects_bad_values():

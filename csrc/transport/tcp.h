@@ -1,0 +1,129 @@
+// TCP transport: ranks on different hosts, one full-duplex connection per pair of ranks.
+//
+// Each direction of a connection has a ring of `slots` fragment buffers on each side: the executor writes
+// a fragment into a send slot and commits it; an I/O thread writes committed slots to the socket in
+// order (several in flight) and reads the peer's frames into receive slots, which the executor consumes
+// in place and releases. When a peer's receive ring is full the I/O thread stops reading that socket, so
+// TCP's own flow control holds the sender back: memory stays bounded.
+//
+// The control plane travels on the same connections as small frames: ENTER (the collective number and
+// descriptor a rank entered, for mismatch and timeout messages) and ABORT (the error a rank failed with,
+// so that every rank raises it). A connection that closes or fails marks its peer lost: waiting ranks
+// raise PeerLostError at their next health check (within milliseconds).
+//
+// Connections are made once (connect()): each rank dials the ranks below it and accepts the ranks above
+// it on its listening socket. A dialer proves it belongs to the job with a token every rank got from the
+// rendezvous store; a connection that does not (wrong bytes, wrong token, silence past the deadline) is
+// closed and the rank keeps accepting.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace pycoll {
+
+struct TcpConfig {
+  size_t fragment_bytes = 256 * 1024;
+  uint32_t slots = 8;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  // Listens on `bind_host` (an IPv4 address; "0.0.0.0" for every interface) on a port the kernel picks.
+  TcpTransport(int rank, int world, const TcpConfig& config, const std::string& bind_host);
+  ~TcpTransport() override;
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  int listen_port() const { return listen_port_; }
+  // Connects to every peer (`addresses[r]`: "host:port" of rank r's listening socket; its own is ignored)
+  // and starts the I/O thread. Throws kTimeout naming the ranks not connected after timeout_s.
+  void connect(const std::vector<std::string>& addresses, uint64_t token, double timeout_s);
+  // Connections dropped during connect() because they did not prove they belong to the job.
+  uint64_t rejected_connections() const { return rejected_.load(); }
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  size_t fragment_bytes() const override { return config_.fragment_bytes; }
+  size_t segment_bytes() const override { return config_.fragment_bytes * config_.slots / 2; }
+
+  void* acquire_send(int peer) override;
+  void commit_send(int peer, const FragHeader& h) override;
+  const void* peek_recv(int peer, FragHeader* h) override;
+  void release_recv(int peer) override;
+  void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
+
+  void begin_collective(uint64_t seq, const Descriptor& desc) override;
+  void check_health(const WaitContext& ctx) override;
+  void abort(const Error& error) override;
+  std::vector<int> ranks_not_entered(uint64_t seq) override;
+  [[noreturn]] void raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
+                                          uint64_t expected_msg_bytes) override;
+
+ private:
+  static constexpr int kDescRing = 16;
+  struct Frame;  // wire header (tcp.cc)
+  struct Outgoing {
+    int64_t slot;                // a send slot, or -1 for a control frame
+    std::vector<uint8_t> bytes;  // the control frame
+  };
+  struct Peer {
+    int fd = -1;
+    bool lost = false;
+    std::string lost_why;
+    // send side: slots [sent, committed) wait for the socket; [committed, committed + free) are free
+    std::vector<uint8_t> send_ring;
+    uint64_t committed = 0, sent = 0;
+    std::deque<Outgoing> out;
+    size_t out_offset = 0;  // bytes of out.front() already written
+    // receive side: slots [released, arrived) hold whole fragments; one more may be filling
+    std::vector<uint8_t> recv_ring;
+    uint64_t arrived = 0, released = 0;
+    size_t in_offset = 0;               // bytes of the frame being read
+    std::vector<uint8_t> in_header;     // the frame header being read
+    std::vector<uint8_t> in_control;    // a control frame's payload
+    uint64_t entered = 0;               // highest collective the peer said it entered
+    uint64_t desc_seq[kDescRing] = {};  // descriptors the peer announced, by seq % kDescRing
+    Descriptor descs[kDescRing];
+  };
+
+  size_t slot_stride() const;
+  uint8_t* send_slot(Peer& p, uint64_t i);
+  uint8_t* recv_slot(Peer& p, uint64_t i);
+  void queue_control(int peer, uint32_t type, const void* payload, size_t bytes);  // mu_ held
+  void io_loop();
+  bool pump_out(Peer& p);                           // mu_ held
+  bool pump_in(int r, Peer& p);                     // mu_ held
+  void on_control(int r, Peer& p, uint32_t type);   // mu_ held
+  void mark_lost(Peer& p, const std::string& why);  // mu_ held
+  void wake_io();
+  void throw_if_aborted();                                             // mu_ held
+  bool published_descriptor(int peer, uint64_t seq, Descriptor* out);  // mu_ held
+
+  int rank_;
+  int world_;
+  TcpConfig config_;
+  int listen_fd_ = -1;
+  int listen_port_ = 0;
+  int wake_fd_ = -1;
+  std::vector<Peer> peers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread io_;
+  bool stop_ = false;
+  uint64_t entered_ = 0;
+  bool aborted_ = false;  // an abort was raised here or received: every rank raises abort_error_
+  std::unique_ptr<Error> abort_error_;
+  std::atomic<uint64_t> rejected_{0};
+};
+
+}  // namespace pycoll

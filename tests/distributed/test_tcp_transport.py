@@ -1,0 +1,129 @@
+"""The TCP transport (csrc/transport/tcp.*) on real ranks: PYCOLL_TRANSPORT=tcp makes ranks of this one
+host connect over loopback TCP, exactly as ranks of different hosts do.
+
+Correctness: every collective and algorithm, integer data against closed forms, float data bitwise equal
+on every rank and to what the shared-memory transport gives; compressed all-reduce bitwise across ranks.
+Failures (the bodies of test_failures.py, over TCP): a missing rank times out naming it, a SIGKILLed
+rank is reported as lost on every survivor, mismatched calls raise CollectiveMismatchError everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from harness import RankPool, run_ranks
+from test_failures import (
+    MISMATCHES,
+    _assert_broken_afterwards,
+    _check_peer_lost,
+    _check_timeouts,
+    body_kill_before_call,
+    body_kill_during_loop,
+    body_mismatch,
+    body_skip_call,
+)
+
+import pycoll
+from pycoll.algorithms import ALGORITHMS
+
+TCP = {"PYCOLL_TRANSPORT": "tcp"}
+
+
+def _body(comm, rank, world):
+    assert comm.transport == "tcp"
+    failures, digest = [], hashlib.sha256()
+    seg = comm.segment_bytes // 4
+    for n in (0, 1, 7, 1000, 3 * seg + 5):
+        ints = np.arange(n, dtype=np.int64) * (rank + 1)
+        for algorithm in ALGORITHMS["allreduce"]:
+            x = ints.copy()
+            pycoll.allreduce(x, algorithm=algorithm, comm=comm)
+            if not np.array_equal(x, np.arange(n, dtype=np.int64) * (world * (world + 1) // 2)):
+                failures.append(f"allreduce {algorithm} int64 n={n}: not the closed form")
+            f = np.random.default_rng([rank, n]).standard_normal(n).astype(np.float32)
+            pycoll.allreduce(f, "avg", algorithm=algorithm, comm=comm)
+            digest.update(f.tobytes())
+        chunk = np.full(n, rank, dtype=np.int32)
+        for algorithm in ALGORITHMS["all_gather"]:
+            out = np.full(world * n, -1, np.int32)
+            pycoll.all_gather(chunk, out, algorithm=algorithm, comm=comm)
+            if not np.array_equal(out, np.repeat(np.arange(world, dtype=np.int32), n)):
+                failures.append(f"all_gather {algorithm} n={n}: wrong")
+        for algorithm in ALGORITHMS["reduce_scatter"]:
+            out = np.full(n, -1, np.int32)
+            pycoll.reduce_scatter(np.tile(chunk + 1, world), out, algorithm=algorithm, comm=comm)
+            if not (out == world * (world + 1) // 2).all():
+                failures.append(f"reduce_scatter {algorithm} n={n}: wrong")
+        for algorithm in ALGORITHMS["broadcast"]:
+            y = np.full(n, rank, dtype=np.float64)
+            pycoll.broadcast(y, world - 1, algorithm=algorithm, comm=comm)
+            if not (y == world - 1).all():
+                failures.append(f"broadcast {algorithm} n={n}: wrong")
+        for codec in ("fp16", "int8", "int4"):
+            g = np.random.default_rng([rank, n, 7]).standard_normal(n).astype(np.float32)
+            pycoll.allreduce(g, compression=codec, comm=comm)
+            digest.update(g.tobytes())
+    work = pycoll.allreduce(np.ones(10_000, np.float32), comm=comm, async_op=True)
+    if not (work.wait() and (work.result() == world).all()):
+        failures.append("async allreduce: wrong")
+    pycoll.barrier(comm=comm)
+    return failures, digest.hexdigest()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_collectives_over_tcp(world):
+    with RankPool(world, env=TCP) as pool:
+        results = pool.run(_body, timeout=300)
+    assert [f for f, _ in results] == [[]] * world
+    assert len({d for _, d in results}) == 1, "ranks ended with different bits"
+
+
+def _float_results(comm, rank, world):
+    out = []
+    for algorithm in ALGORITHMS["allreduce"]:
+        f = np.random.default_rng([rank, 5]).standard_normal(100_003).astype(np.float32)
+        pycoll.allreduce(f, algorithm=algorithm, comm=comm)
+        out.append(hashlib.sha256(f.tobytes()).hexdigest())
+    return out
+
+
+def test_tcp_gives_the_bits_shared_memory_gives():
+    with RankPool(3, env=TCP) as pool:
+        tcp = pool.run(_float_results, timeout=120)
+    with RankPool(3) as pool:
+        shm = pool.run(_float_results, timeout=120)
+    assert tcp == shm
+
+
+def test_timeout_over_tcp_names_the_missing_rank():
+    results = run_ranks(3, body_skip_call, [2], "allreduce", 1.0, "ring", timeout=60, env=TCP)
+    _check_timeouts(results, [2], "allreduce", 1.0)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_killed_peer_over_tcp_is_reported_on_every_rank(tmp_path, algorithm):
+    stamp = tmp_path / "killed_at"
+    results = run_ranks(
+        4, body_kill_before_call, 2, "allreduce", algorithm, str(stamp), timeout=90, allow_exit=True, env=TCP
+    )
+    _check_peer_lost(results, 2, stamp)
+
+
+def test_peer_killed_mid_allreduce_over_tcp(tmp_path):
+    stamp = tmp_path / "killed_at"
+    results = run_ranks(
+        3, body_kill_during_loop, 1, "ring", str(stamp), 0.7, timeout=120, allow_exit=True, env=TCP
+    )
+    _check_peer_lost(results, 1, stamp)
+
+
+@pytest.mark.parametrize("kind", ["count", "dtype", "collective", "codec"])
+def test_mismatch_over_tcp_names_what_differs(kind):
+    results = run_ranks(3, body_mismatch, kind, 2, timeout=60, env=TCP)
+    for r, res in enumerate(results):
+        assert res["error"] == "CollectiveMismatchError", f"rank {r}: {res}"
+        missing = [s for s in MISMATCHES[kind][2] if s not in res["message"]]
+        assert not missing, f"rank {r}: the message does not name {missing}: {res['message']}"
+        _assert_broken_afterwards(res, r)
