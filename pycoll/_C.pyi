@@ -88,6 +88,7 @@ class NativeCommunicator:
         yield_ns: int,
         stream_min_bytes: int,
         tcp_bind: str = "",
+        local: list[bool] = ...,
     ) -> None: ...
     @property
     def segment_fd(self) -> int: ...

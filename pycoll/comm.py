@@ -126,11 +126,15 @@ class Communicator:
         #: This rank's index among the ranks of its host and their count; this host's index among the
         #: distinct hosts (ordered by their lowest rank) and their count.
         self.local_rank, self.local_world_size, self.node_rank, self.num_nodes = host_layout(self.hosts, rank)
-        #: How this rank's messages travel: "shm" (every rank on this host) or "tcp" (PYCOLL_TRANSPORT, or
-        #: ranks on several hosts; for now every peer then uses TCP, those of this host too).
-        self.transport = (
-            settings.transport if settings.transport != "auto" else "tcp" if self.num_nodes > 1 else "shm"
-        )
+        #: How this rank's messages travel: "shm" (every rank on this host), "tcp" (every peer over TCP:
+        #: PYCOLL_TRANSPORT=tcp, or one rank per host) or "mixed" (shared memory to this host's ranks, TCP to
+        #: the others).
+        self.transport = settings.transport
+        if self.transport == "auto":
+            if self.num_nodes == 1:
+                self.transport = "shm"
+            else:
+                self.transport = "tcp" if self.num_nodes == world_size else "mixed"
         if self.num_nodes > 1 and self.transport == "shm":
             # Every rank saw the same host list, so every rank raises here. A rank hosting the store closes
             # it as it raises: it first waits (bounded) for the others to be past their reads, which
@@ -155,8 +159,10 @@ class Communicator:
         if yield_us is None:
             yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
         slot_bytes = settings.slot_bytes_for(world_size)
+        local = [h == self.hosts[rank] for h in self.hosts] if self.transport == "mixed" else []
         if self.transport == "tcp":
             spin = 0  # the network is slow to answer: sleep on the transport rather than burn a core
+        if self.transport in ("tcp", "mixed"):
             bind, advertised = self._tcp_addresses()
         else:
             bind = advertised = ""
@@ -169,11 +175,12 @@ class Communicator:
             yield_us * 1000,
             settings.stream_bytes,
             bind,
+            local,
         )
-        if self.transport == "tcp":
-            self._connect_tcp(advertised, timeout)
-        else:
-            self._attach_shared_memory(timeout)
+        if self.transport in ("shm", "mixed"):
+            self._attach_shared_memory(timeout, local)
+        if self.transport in ("tcp", "mixed"):
+            self._connect_tcp(advertised, timeout, local)
         # Counted so that a rank hosting the store keeps it up until every rank is past the barrier.
         self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
@@ -184,7 +191,9 @@ class Communicator:
             "spin %d us, yield %d us, reduce loops %s",
             rank,
             world_size,
-            "shared-memory" if self.transport == "shm" else "TCP",
+            {"shm": "shared-memory", "tcp": "TCP", "mixed": "shared-memory (this host) and TCP"}[
+                self.transport
+            ],
             settings.shm_slots,
             slot_bytes // 1024,
             spin,
@@ -192,15 +201,17 @@ class Communicator:
             _C.reduce_isa(),
         )
 
-    def _attach_shared_memory(self, timeout: float) -> None:
+    def _attach_shared_memory(self, timeout: float, local: list[bool]) -> None:
+        """Maps the segments of this host's ranks (``local``; empty: every rank is on this host)."""
         native = self._native
         assert native is not None
         self._store.set(f"shm/{self.rank}", f"{os.getpid()},{native.segment_fd}".encode())
         pids, fds = [], []
         for r in range(self.world_size):
             pid, fd = self._store.get(f"shm/{r}", timeout).decode().split(",")
-            pids.append(int(pid))
-            fds.append(int(fd))
+            here = not local or local[r]
+            pids.append(int(pid) if here else 0)  # 0: a rank of another host, reached over TCP
+            fds.append(int(fd) if here else -1)
         native.connect(pids, fds)
         store_barrier(
             self._store, "attached", self.rank, self.world_size, timeout, what="shared-memory set-up"
@@ -212,11 +223,11 @@ class Communicator:
         if self.settings.socket_ifname is not None:
             address = interface_address(self.settings.socket_ifname)
             return address, address
-        if self.num_nodes == 1:
+        if self.num_nodes == 1 or len(set(self.hosts)) == 1:
             return "127.0.0.1", "127.0.0.1"
         return "0.0.0.0", reachable_address(self._store)
 
-    def _connect_tcp(self, advertised: str, timeout: float) -> None:
+    def _connect_tcp(self, advertised: str, timeout: float, local: list[bool]) -> None:
         """Every rank publishes where it listens; each dials the ranks below it. The token (rank 0's, from
         the store: authenticated when PYCOLL_SECRET is set) is what a connection must show to be kept."""
         native = self._native
@@ -226,6 +237,8 @@ class Communicator:
         token = int(self._store.get("tcp/token", timeout).decode())
         self._store.set(f"tcp/{self.rank}", f"{advertised}:{native.tcp_port}".encode())
         addresses = [self._store.get(f"tcp/{r}", timeout).decode() for r in range(self.world_size)]
+        if local:  # this host's ranks are reached over shared memory
+            addresses = ["" if here else a for a, here in zip(addresses, local)]
         native.connect_tcp(addresses, token, timeout)
         store_barrier(self._store, "connected", self.rank, self.world_size, timeout, what="TCP set-up")
 
@@ -242,7 +255,7 @@ class Communicator:
                 )
             if model is None:
                 # Over TCP the link is unknown until calibrated: assume 10 GbE, the common slow case.
-                link = "shm" if self.transport == "shm" else "eth10"
+                link = "shm" if self.transport == "shm" else "eth10"  # mixed: the slow links decide
                 model = Model.for_link(link, workers=usable_cpus(), segment_bytes=self.segment_bytes)
                 model = replace(model, fragment_bytes=self.fragment_bytes)
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())

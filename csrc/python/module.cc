@@ -20,6 +20,7 @@
 #include "engine/plan.h"
 #include "kernels/half.h"
 #include "python/bindings.h"
+#include "transport/composite.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 
@@ -106,18 +107,24 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
 
 class NativeCommunicator {
  public:
-  // Shared memory between the ranks, or with `tcp_bind` (the address to listen on) TCP connections.
+  // Shared memory between the ranks; with `tcp_bind` (the address to listen on) TCP connections; with both
+  // that and `local` (local[r]: rank r is on this host) shared memory to this host's ranks and TCP to the
+  // others.
   NativeCommunicator(int rank, int world, size_t slot_bytes, uint32_t slots, int64_t spin_ns, int64_t yield_ns,
-                     uint64_t stream_min_bytes, const std::string& tcp_bind) {
-    if (tcp_bind.empty()) {
-      auto shm = std::make_unique<ShmTransport>(rank, world, ShmConfig{slot_bytes, slots});
-      shm_ = shm.get();
+                     uint64_t stream_min_bytes, const std::string& tcp_bind, const std::vector<bool>& local) {
+    std::unique_ptr<ShmTransport> shm;
+    std::unique_ptr<TcpTransport> tcp;
+    if (tcp_bind.empty() || !local.empty())
+      shm = std::make_unique<ShmTransport>(rank, world, ShmConfig{slot_bytes, slots});
+    if (!tcp_bind.empty()) tcp = std::make_unique<TcpTransport>(rank, world, TcpConfig{slot_bytes, slots}, tcp_bind);
+    shm_ = shm.get();
+    tcp_ = tcp.get();
+    if (shm && tcp)
+      transport_ = std::make_unique<CompositeTransport>(std::move(shm), std::move(tcp), local);
+    else if (shm)
       transport_ = std::move(shm);
-    } else {
-      auto tcp = std::make_unique<TcpTransport>(rank, world, TcpConfig{slot_bytes, slots}, tcp_bind);
-      tcp_ = tcp.get();
+    else
       transport_ = std::move(tcp);
-    }
     ExecutorPolicy policy;
     policy.spin_ns = spin_ns;
     policy.yield_ns = yield_ns;
@@ -480,9 +487,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("codec_isa", &cpu::codec_isa, "instruction set of the CPU codec loops in use");
 
   py::class_<NativeCommunicator>(m, "NativeCommunicator")
-      .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t, const std::string&>(), py::arg("rank"),
-           py::arg("world"), py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_ns"), py::arg("yield_ns"),
-           py::arg("stream_min_bytes"), py::arg("tcp_bind") = "")
+      .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t, const std::string&,
+                    const std::vector<bool>&>(),
+           py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("slots"), py::arg("spin_ns"),
+           py::arg("yield_ns"), py::arg("stream_min_bytes"), py::arg("tcp_bind") = "",
+           py::arg("local") = std::vector<bool>{})
       .def_property_readonly("segment_fd", [](NativeCommunicator& c) { return c.shm().segment_fd(); })
       .def_property_readonly("tcp_port", [](NativeCommunicator& c) { return c.tcp().listen_port(); })
       .def_property_readonly("tcp_rejected", [](NativeCommunicator& c) { return c.tcp().rejected_connections(); })

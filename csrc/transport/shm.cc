@@ -159,7 +159,7 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
   if (static_cast<int>(pids.size()) != world_ || static_cast<int>(fds.size()) != world_)
     throw Error(ErrorKind::kInvalidUsage, "connect() needs one pid and one fd per rank");
   for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+    if (r == rank_ || pids[r] <= 0) continue;  // pid 0: a rank of another host (CompositeTransport)
     pids_[r] = pids[r];
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pids[r], fds[r]);
@@ -284,7 +284,7 @@ bool ShmTransport::satisfied(const WaitItem& item, uint64_t* available) {
 void ShmTransport::wake_partial_waiters() {
   const uint64_t slots = config_.slots;
   for (int q = 0; q < world_; ++q) {
-    if (q == rank_) continue;
+    if (q == rank_ || !segments_[q]) continue;
     ControlBlock* cb = control(q);
     if (cb->sleeping.load(std::memory_order_relaxed) == 0) continue;
     uint32_t n = cb->n_waits.load(std::memory_order_acquire);
@@ -353,6 +353,7 @@ void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
 }
 
 bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {
+  if (!segments_[peer]) return false;
   DescSlot& ds = control(peer)->descs[seq % kDescRing];
   if (ds.seq.load(std::memory_order_acquire) != seq) return false;
   *out = ds.desc;
@@ -362,6 +363,7 @@ bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out)
 
 void ShmTransport::throw_if_aborted() {
   for (int r = 0; r < world_; ++r) {
+    if (!segments_[r]) continue;
     ControlBlock* cb = control(r);
     if (cb->abort_state.load(std::memory_order_acquire) == 2) {
       std::string msg(cb->abort_msg, strnlen(cb->abort_msg, kAbortMsgBytes));
@@ -435,7 +437,7 @@ void ShmTransport::check_health(const WaitContext& ctx) {
 std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
   std::vector<int> out;
   for (int r = 0; r < world_; ++r)
-    if (control(r)->entered_seq.load(std::memory_order_acquire) < seq) out.push_back(r);
+    if (segments_[r] && control(r)->entered_seq.load(std::memory_order_acquire) < seq) out.push_back(r);
   return out;
 }
 

@@ -152,8 +152,10 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1000));
   const Hello mine{kHelloMagic, token, rank_, world_};
-  // Dial the ranks below this one, in order (each of them accepts the ranks above it).
+  // Dial the ranks below this one, in order (each of them accepts the ranks above it). An empty address
+  // is a rank this transport does not serve (one of this host's, under CompositeTransport).
   for (int r = 0; r < rank_; ++r) {
+    if (addresses[r].empty()) continue;
     sockaddr_in addr{};
     if (!parse_address(addresses[r], &addr))
       throw Error(ErrorKind::kInvalidUsage,
@@ -194,7 +196,8 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
     }
   }
   // Accept the ranks above this one; anything else that connects is dropped.
-  int missing = world_ - 1 - rank_;
+  int missing = 0;
+  for (int r = rank_ + 1; r < world_; ++r) missing += !addresses[r].empty();
   while (missing > 0) {
     struct pollfd pfd = {listen_fd_, POLLIN, 0};
     ::poll(&pfd, 1, ms_left(deadline));
@@ -203,7 +206,7 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
       if (Clock::now() >= deadline) {
         std::string who;
         for (int r = rank_ + 1; r < world_; ++r)
-          if (peers_[r].fd < 0) who += (who.empty() ? "" : ", ") + std::to_string(r);
+          if (peers_[r].fd < 0 && !addresses[r].empty()) who += (who.empty() ? "" : ", ") + std::to_string(r);
         throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + ": rank(s) " + who +
                                              " did not connect within " + std::to_string(timeout_s) + " s");
       }
@@ -213,7 +216,8 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
     const Clock::time_point hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
     if (exchange(fd, &theirs, sizeof theirs, false, hello_deadline) && theirs.magic == kHelloMagic &&
         theirs.token == token && theirs.world == world_ && theirs.rank > rank_ && theirs.rank < world_ &&
-        peers_[theirs.rank].fd < 0 && exchange(fd, const_cast<Hello*>(&mine), sizeof mine, true, hello_deadline)) {
+        !addresses[theirs.rank].empty() && peers_[theirs.rank].fd < 0 &&
+        exchange(fd, const_cast<Hello*>(&mine), sizeof mine, true, hello_deadline)) {
       tune(fd);
       peers_[theirs.rank].fd = fd;
       --missing;
@@ -222,6 +226,9 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
       ::close(fd);
     }
   }
+  // Nobody else may connect from now on: anything that tries is refused by the kernel.
+  ::close(listen_fd_);
+  listen_fd_ = -1;
   io_ = std::thread([this] { io_loop(); });
 }
 
@@ -541,7 +548,7 @@ std::vector<int> TcpTransport::ranks_not_entered(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int> out;
   for (int r = 0; r < world_; ++r)
-    if ((r == rank_ ? entered_ : peers_[r].entered) < seq) out.push_back(r);
+    if ((r == rank_ || peers_[r].fd >= 0) && (r == rank_ ? entered_ : peers_[r].entered) < seq) out.push_back(r);
   return out;
 }
 

@@ -112,6 +112,9 @@ def main() -> int:
         (kind,) = conn.recv()
         assert kind == "init", kind
         comm_timeout = setup["comm_timeout"]
+        per_host = int(os.environ.get("PYCOLL_TEST_RANKS_PER_HOST", "0"))
+        if per_host:  # pretend that every `per_host` consecutive ranks are a host of their own
+            os.environ["PYCOLL_HOST_ID"] = f"test-host-{rank // per_host}"
         store = TCPStoreClient(
             "127.0.0.1", setup["store_port"], timeout=comm_timeout or 60.0, secret=rendezvous_secret()
         )

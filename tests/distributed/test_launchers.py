@@ -213,10 +213,10 @@ print(f"rank {rank}: {comm.transport} node {comm.node_rank} local {comm.local_ra
 """
 
 
-def test_ranks_on_two_hosts_connect_over_tcp(tmp_path: Path) -> None:
+def test_ranks_on_two_hosts_connect_over_shared_memory_and_tcp(tmp_path: Path) -> None:
     script = tmp_path / "host_split.py"
     script.write_text(HOST_SPLIT_SCRIPT)
     proc = _run([sys.executable, "-m", "pycoll.run", "-n", "4", str(script)], timeout=90)
     assert proc.returncode == 0, proc.stderr
     for r in range(4):
-        assert f"rank {r}: tcp node {r // 2} local {r % 2} ok=True" in proc.stdout, proc.stdout
+        assert f"rank {r}: mixed node {r // 2} local {r % 2} ok=True" in proc.stdout, proc.stdout

@@ -29,10 +29,11 @@ import pycoll
 from pycoll.algorithms import ALGORITHMS
 
 TCP = {"PYCOLL_TRANSPORT": "tcp"}
+#: Ranks 0-1 and 2-3 on two pretend hosts: shared memory within each, TCP between them.
+MIXED = {"PYCOLL_TEST_RANKS_PER_HOST": "2"}
 
 
 def _body(comm, rank, world):
-    assert comm.transport == "tcp"
     failures, digest = [], hashlib.sha256()
     seg = comm.segment_bytes // 4
     for n in (0, 1, 7, 1000, 3 * seg + 5):
@@ -75,7 +76,22 @@ def _body(comm, rank, world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_collectives_over_tcp(world):
     with RankPool(world, env=TCP) as pool:
+        assert {i["transport"] for i in pool.run(_info, timeout=30)} == {"tcp"}
         results = pool.run(_body, timeout=300)
+    assert [f for f, _ in results] == [[]] * world
+    assert len({d for _, d in results}) == 1, "ranks ended with different bits"
+
+
+def _info(comm, rank, world):
+    return {"transport": comm.transport, "node": comm.node_rank, "local": comm.local_rank}
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_collectives_over_shared_memory_and_tcp(world):
+    with RankPool(world, env=MIXED) as pool:
+        info = pool.run(_info, timeout=30)
+        results = pool.run(_body, timeout=300)
+    assert info == [{"transport": "mixed", "node": r // 2, "local": r % 2} for r in range(world)]
     assert [f for f, _ in results] == [[]] * world
     assert len({d for _, d in results}) == 1, "ranks ended with different bits"
 

@@ -87,8 +87,8 @@ def test_ranks_on_two_hosts_with_shared_memory_only_fail_alike_on_every_rank():
     assert time.monotonic() - start < 10.0
 
 
-def test_ranks_on_two_hosts_connect_over_tcp():
-    """The same layout with the default transport: the ranks connect over TCP and all-reduce correctly."""
+def test_ranks_on_two_hosts_connect_over_shared_memory_and_tcp():
+    """The same layout with the default transport: shared memory within each host, TCP between them."""
     import numpy as np
 
     import pycoll
@@ -122,7 +122,12 @@ def test_ranks_on_two_hosts_connect_over_tcp():
     for t in threads:
         t.join(DEADLINE)
     server.close()
-    assert results == [("tcp", 0, 0, True), ("tcp", 0, 1, True), ("tcp", 1, 0, True), ("tcp", 1, 1, True)]
+    assert results == [
+        ("mixed", 0, 0, True),
+        ("mixed", 0, 1, True),
+        ("mixed", 1, 0, True),
+        ("mixed", 1, 1, True),
+    ]
 
 
 def test_host_id_setting_rejects_bad_values():
