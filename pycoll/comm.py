@@ -322,13 +322,36 @@ class Communicator:
         layout: Any,
         segment_bytes: int,
     ) -> Plan:
+        local_size = self._hierarchy() if algorithm == "hierarchical" else 1
         if layout is not None:
             segment_blocks = max(1, segment_bytes // layout[1])
-            return build_compressed_plan(algorithm, rank, self.world_size, count, layout[0], segment_blocks)
+            return build_compressed_plan(
+                algorithm, rank, self.world_size, count, layout[0], segment_blocks, local_size
+            )
         segment_elems = max(1, segment_bytes // itemsize)
         return build_plan(
-            collective, algorithm, rank, self.world_size, count, root=root, segment_elems=segment_elems
+            collective,
+            algorithm,
+            rank,
+            self.world_size,
+            count,
+            root=root,
+            segment_elems=segment_elems,
+            local_size=local_size,
         )
+
+    def _hierarchy(self) -> int:
+        """Ranks per host for ``hierarchical``: hosts must hold equally many ranks, numbered host by host
+        (as torchrun, mpirun's default mapping, srun's block distribution and ``pycoll run`` number them)."""
+        # From the host list alone, which every rank has: every rank reaches the same verdict.
+        size = self.hosts.count(self.hosts[0])
+        expected = [self.hosts[(r // size) * size] for r in range(self.world_size)]
+        if self.world_size % size or self.hosts != expected or len(set(expected)) != self.world_size // size:
+            raise InvalidUsageError(
+                "algorithm='hierarchical' needs the same number of ranks on every host, numbered host by "
+                f"host ({_hosts_text(self.hosts)}); use ring, tree or direct"
+            )
+        return size
 
     def grouped_program(
         self,

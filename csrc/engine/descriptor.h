@@ -13,9 +13,9 @@ namespace pycoll {
 
 // Codes shared with Python through the _C module (COLLECTIVES / ALGORITHMS); append, never reorder.
 inline const char* const kCollectiveNames[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
-inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination"};
+inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination", "hierarchical"};
 constexpr int kNumCollectives = 5;
-constexpr int kNumAlgorithms = 4;
+constexpr int kNumAlgorithms = 5;
 
 struct Descriptor {
   int32_t collective = 0;

@@ -196,7 +196,8 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
     e.index = elem;
     e.key = rounding_key;
     switch (op.kind) {
-      case OpKind::kRecv:
+      case OpKind::kRecv:  // a final value: kept, as it may be forwarded later (hierarchical all-reduce)
+        std::memcpy(keep, frag, n);
         d.dst = dst;
         codec->decode(d);
         break;

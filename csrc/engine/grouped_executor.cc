@@ -89,10 +89,7 @@ void finish_compressed(const Places& p, const PlanOp& op, size_t i, GroupBackend
   e.key = a.rounding_key;
   switch (op.kind) {
     case OpKind::kRecv:
-      d.dst = dst;
-      be.decode(d);
-      break;
-    case OpKind::kRecvCopySend:
+    case OpKind::kRecvCopySend:  // kept: a final value this rank may forward (RECV: later, hierarchical)
       be.copy(p.encoded_at(op.dst_off), msg, p.prog.msg_bytes[i]);
       d.dst = dst;
       be.decode(d);

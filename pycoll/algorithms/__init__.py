@@ -13,6 +13,7 @@ from typing import Callable
 
 from pycoll.algorithms.barrier import dissemination_barrier
 from pycoll.algorithms.direct import direct_all_gather, direct_allreduce, direct_reduce_scatter
+from pycoll.algorithms.hierarchical import hierarchical_allreduce
 from pycoll.algorithms.plan import Buf, Op, OpKind, Plan
 from pycoll.algorithms.ring import ring_all_gather, ring_allreduce, ring_broadcast, ring_reduce_scatter
 from pycoll.algorithms.tree import tree_allreduce, tree_broadcast
@@ -27,6 +28,8 @@ _BUILDERS: dict[str, dict[str, _Builder]] = {
         "ring": lambda r, w, c, s, _root: ring_allreduce(r, w, c, s),
         "tree": lambda r, w, c, s, _root: tree_allreduce(r, w, c, s),
         "direct": lambda r, w, c, s, _root: direct_allreduce(r, w, c, s),
+        # built in build_plan, which has the hosts' size (local_size)
+        "hierarchical": lambda r, w, c, s, _root: hierarchical_allreduce(r, w, c, s, 1),
     },
     "reduce_scatter": {
         "ring": lambda r, w, c, s, _root: ring_reduce_scatter(r, w, c, s),
@@ -52,7 +55,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {name: tuple(table) for name, table in 
 
 @functools.lru_cache(maxsize=256)
 def build_plan(collective: str, algorithm: str, rank: int, world: int, count: int, *, root: int = 0,
-               segment_elems: int = DEFAULT_SEGMENT_ELEMS) -> Plan:
+               segment_elems: int = DEFAULT_SEGMENT_ELEMS, local_size: int = 1) -> Plan:
     """The plan of ``rank`` (of ``world``) for one collective.
 
     ``count`` is the buffer length for allreduce and broadcast, and the per-rank chunk for
@@ -78,6 +81,8 @@ def build_plan(collective: str, algorithm: str, rank: int, world: int, count: in
         raise ValueError(f"root must be in [0, {world}), got {root}")
     if collective == "barrier":
         count = 0
+    if algorithm == "hierarchical":
+        return hierarchical_allreduce(rank, world, count, segment_elems, operator.index(local_size))
     return builder(rank, world, count, segment_elems, root)
 
 

@@ -40,12 +40,13 @@ def _scale(op: Op, block: int, count: int) -> Op:
 
 
 def build_compressed_plan(algorithm: str, rank: int, world: int, count: int, block: int,
-                          segment_blocks: int) -> Plan:
+                          segment_blocks: int, local_size: int = 1) -> Plan:
     """The all-reduce plan of ``rank`` for ``count`` elements encoded in blocks of ``block`` elements,
     with messages of at most ``segment_blocks`` blocks."""
     if block < 1 or segment_blocks < 1:
         raise ValueError(f"need block >= 1 and segment_blocks >= 1, got {block} and {segment_blocks}")
     blocks = -(-count // block)
-    plan = build_plan("allreduce", algorithm, rank, world, blocks, segment_elems=segment_blocks)
+    plan = build_plan("allreduce", algorithm, rank, world, blocks, segment_elems=segment_blocks,
+                      local_size=local_size)
     steps = tuple(tuple(_scale(op, block, count) for op in step) for step in plan.steps)
     return Plan(rank, world, "allreduce", algorithm, count, count, steps)

@@ -40,7 +40,7 @@ Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a cod
     encoding of its op's elements instead of the elements themselves, and the ops do this:
         SEND from INPUT      msg = encode(src (+ residual))
         SEND from ENCODED    msg = the encoded bytes this rank kept for the region (a final value)
-        RECV                 dst = decode(msg)
+        RECV                 keep msg in ENCODED; dst = decode(msg)
         RECV_COPY_SEND       send msg on unchanged; keep it in ENCODED; dst = decode(msg)
         RECV_REDUCE          dst = src (+ residual) + decode(msg), in float32; with finalize the value
                              is divided (avg), encoded once into ENCODED, and dst = decode(that encoding)

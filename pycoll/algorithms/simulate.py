@@ -410,7 +410,8 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         """(value written to dst, its encode counts, bytes sent, their encode counts) of a receiving op."""
         assert state.depth is not None and msg.depth is not None
         n = o.count
-        if o.kind == OpKind.RECV:
+        if o.kind == OpKind.RECV:  # kept too: a final value this rank may forward later (hierarchical)
+            keep(state, o.dst[1], msg.data, msg.depth)
             return codec_ref.decode(codec, msg.data, n), msg.depth, None, None
         if o.kind == OpKind.RECV_COPY_SEND:
             keep(state, o.dst[1], msg.data, msg.depth)

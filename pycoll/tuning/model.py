@@ -566,7 +566,9 @@ class Model:
 
     # ---- choices ---------------------------------------------------------------------------------------
     def candidates(self, collective: str) -> tuple[str, ...]:
-        return tuple(a for a in ALGORITHMS[collective] if a != "dissemination") or ALGORITHMS[collective]
+        # hierarchical depends on how ranks sit on hosts, which the model does not know: chosen by name only
+        skip = ("dissemination", "hierarchical")
+        return tuple(a for a in ALGORITHMS[collective] if a not in skip) or ALGORITHMS[collective]
 
     def choose_algorithm(
         self, collective: str, world: int, nbytes: int, *, itemsize: int = 4, codec: object = None

@@ -35,10 +35,19 @@ MIXED = {"PYCOLL_TEST_RANKS_PER_HOST": "2"}
 
 def _body(comm, rank, world):
     failures, digest = [], hashlib.sha256()
+    even = len({comm.hosts.count(h) for h in comm.hosts}) == 1  # hierarchical needs equal hosts
+    if not even:
+        try:
+            pycoll.allreduce(np.ones(10, np.float32), algorithm="hierarchical", comm=comm)
+            failures.append("hierarchical on hosts of unequal size did not raise")
+        except pycoll.InvalidUsageError as exc:
+            if "same number of ranks on every host" not in str(exc):
+                failures.append(f"hierarchical on unequal hosts: {exc}")
+    algorithms = [a for a in ALGORITHMS["allreduce"] if even or a != "hierarchical"]
     seg = comm.segment_bytes // 4
     for n in (0, 1, 7, 1000, 3 * seg + 5):
         ints = np.arange(n, dtype=np.int64) * (rank + 1)
-        for algorithm in ALGORITHMS["allreduce"]:
+        for algorithm in algorithms:
             x = ints.copy()
             pycoll.allreduce(x, algorithm=algorithm, comm=comm)
             if not np.array_equal(x, np.arange(n, dtype=np.int64) * (world * (world + 1) // 2)):
@@ -62,9 +71,14 @@ def _body(comm, rank, world):
             pycoll.broadcast(y, world - 1, algorithm=algorithm, comm=comm)
             if not (y == world - 1).all():
                 failures.append(f"broadcast {algorithm} n={n}: wrong")
-        for codec in ("fp16", "int8", "int4"):
+        for codec, algorithm in (
+            ("fp16", "direct"),
+            ("int8", "hierarchical" if even else "tree"),
+            ("int4", "ring"),
+        ):
             g = np.random.default_rng([rank, n, 7]).standard_normal(n).astype(np.float32)
-            pycoll.allreduce(g, compression=codec, comm=comm)
+            res = np.zeros(n, np.float32)
+            pycoll.allreduce(g, compression=codec, algorithm=algorithm, residual=res, comm=comm)
             digest.update(g.tobytes())
     work = pycoll.allreduce(np.ones(10_000, np.float32), comm=comm, async_op=True)
     if not (work.wait() and (work.result() == world).all()):

@@ -126,7 +126,8 @@ def expected_links(
     if world == 1:
         return elements, messages
     chunk = [n for _, n in split_even(count, world)]
-    if collective == "allreduce" and algorithm == "ring":
+    # hierarchical with one rank per host (what build_plan gives without local_size) is the ring
+    if collective == "allreduce" and algorithm in ("ring", "hierarchical"):
         segments = num_segments(max(chunk), seg)
         for r in range(world):  # every chunk but r as a partial, r as final, all but r, r+1 as final again
             add(r, (r + 1) % world, 2 * count - chunk[r] - chunk[(r + 1) % world], 2 * (world - 1) * segments)

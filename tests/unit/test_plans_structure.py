@@ -179,7 +179,7 @@ def test_empty_regions_still_send(collective: str, algorithm: str, world: int, c
 
 def test_algorithms_table() -> None:
     assert set(ALGORITHMS) == {"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"}
-    assert ALGORITHMS["allreduce"] == ("ring", "tree", "direct")
+    assert ALGORITHMS["allreduce"] == ("ring", "tree", "direct", "hierarchical")
 
 
 def test_build_plan_is_cached_and_validates() -> None:

@@ -1,0 +1,107 @@
+"""Hierarchical all-reduce: within each host over its fast links, across hosts over the slow ones, with
+every rank of a host carrying a share of the cross-host traffic (so every rank's network link is used).
+
+The parts, named as the code names them:
+
+    host     ``local_size`` consecutive ranks (host h holds ranks h*local_size .. h*local_size+local_size-1,
+             the order launchers number ranks in); ``hosts`` = world / local_size.
+    share    the buffer cut into ``local_size`` shares: local rank l of every host owns share l on its host.
+    column   the ranks with one local rank l on every host: rank l, local_size + l, 2*local_size + l, ...
+             Column l all-reduces share l across the hosts.
+    segment  the unit of one message, as elsewhere (_layout.py).
+
+All-reduce, three stages:
+
+    intra-host reduce-scatter   every rank SENDs share j of INPUT to local rank j of its host, for every
+                                other j, and RECV_REDUCEs share l from each of them, in a fixed order, into
+                                share l of INPUT (of OUTPUT on one host, where it is final): the host's sum
+                                (direct algorithm). All-reduce is in place, so INPUT may be written.
+    cross-host all-reduce       column l runs the ring all-reduce (ring.py) on share l among ``hosts``
+                                ranks, from INPUT into OUTPUT; its owners finalize (avg divides there).
+    intra-host all-gather       every rank SENDs its final share to the other local ranks and RECVs theirs.
+
+Per rank, the cross-host stage moves 2*(hosts-1)/hosts * count/local_size elements over the network (the
+ring's volume on one share), so a host's network traffic is that of one ring rank, spread over all of its
+ranks' links; the intra-host stages move 2*(local_size-1)/local_size * count per rank over shared memory.
+With one rank per host it is the ring all-reduce; on one host it is the direct all-reduce.
+
+Compressed (compressed.py): every stage's messages are encoded, the intra-host ones too; error feedback
+keeps what the encodes of this rank's INPUT (its shares, then its host's sum) lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pycoll.algorithms._layout import cut_segments, recv, recv_reduce, send
+from pycoll.algorithms.plan import Buf, Op, Plan, make_plan, split_even
+
+IN, OUT = Buf.INPUT, Buf.OUTPUT
+
+
+def _remap(op: Op, column: list[int], offset: int) -> Op:
+    """An op of a plan over ``len(column)`` ranks and one share, as the op of this rank over the world:
+    peers become the column's ranks and offsets move by the share's ``offset``."""
+    return replace(
+        op,
+        send_peer=column[op.send_peer] if op.send_peer >= 0 else -1,
+        recv_peer=column[op.recv_peer] if op.recv_peer >= 0 else -1,
+        src=(op.src[0], op.src[1] + offset),
+        dst=(op.dst[0], op.dst[1] + offset),
+    )
+
+
+def hierarchical_allreduce(rank: int, world: int, count: int, segment_elems: int, local_size: int) -> Plan:
+    """In-place hierarchical all-reduce of ``count`` elements (INPUT and OUTPUT alias) on hosts of
+    ``local_size`` consecutive ranks."""
+    from pycoll.algorithms.ring import ring_allreduce
+
+    if local_size < 1 or world % local_size:
+        raise ValueError(f"world ({world}) must be a multiple of local_size ({local_size})")
+    hosts = world // local_size
+    host, local = divmod(rank, local_size)
+    if world == 1:
+        return make_plan(rank, world, "allreduce", "hierarchical", count, count, [])
+    shares = split_even(count, local_size)
+    share_segments = cut_segments(shares, segment_elems)
+    mates = [host * local_size + j for j in range(local_size)]  # this host's ranks, local rank order
+    others = [(local + k) % local_size for k in range(1, local_size)]  # fixed rotation, as direct.py
+    froms = [(local - k) % local_size for k in range(1, local_size)]
+    # The host's sum goes into INPUT when the cross-host stage follows: to that stage it is input (read
+    # first, and encoded as such by compressed plans); on one host it is the final value, in OUTPUT.
+    into = OUT if hosts == 1 else IN
+    steps: list[list[Op]] = []
+    if local_size > 1:
+        for segment in range(len(share_segments[0])):
+            step: list[Op] = []
+            for j in others:
+                off, n = share_segments[j][segment]
+                step.append(send(n, mates[j], (IN, off)))
+            off, n = share_segments[local][segment]
+            for k, j in enumerate(froms):
+                step.append(
+                    recv_reduce(
+                        n,
+                        mates[j],
+                        (IN if k == 0 else into, off),
+                        (into, off),
+                        finalize=hosts == 1 and k == len(froms) - 1,
+                    )
+                )
+            steps.append(step)
+    if hosts > 1:
+        column = [h * local_size + local for h in range(hosts)]
+        offset, length = shares[local]
+        ring = ring_allreduce(host, hosts, length, segment_elems)
+        steps += [[_remap(op, column, offset) for op in step] for step in ring.steps]
+    if local_size > 1:
+        for segment in range(len(share_segments[0])):
+            step = []
+            off, n = share_segments[local][segment]
+            for j in others:
+                step.append(send(n, mates[j], (OUT, off)))
+            for j in froms:
+                off_j, n_j = share_segments[j][segment]
+                step.append(recv(n_j, mates[j], (OUT, off_j)))
+            steps.append(step)
+    return make_plan(rank, world, "allreduce", "hierarchical", count, count, steps)
