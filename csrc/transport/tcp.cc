@@ -25,7 +25,7 @@ struct TcpTransport::Frame {
 
 namespace {
 
-enum FrameType : uint32_t { kData = 1, kEnter = 2, kAbort = 3 };
+enum FrameType : uint32_t { kData = 1, kEnter = 2, kAbort = 3, kBye = 4 };
 constexpr uint64_t kHelloMagic = 0x70796330746370ull;  // "pyc0tcp"
 constexpr size_t kMaxControlBytes = 64 * 1024;
 
@@ -126,11 +126,53 @@ TcpTransport::TcpTransport(int rank, int world, const TcpConfig& config, const s
 
 TcpTransport::~TcpTransport() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    // A collective returns once its last fragments are committed, not written: let the I/O thread put
+    // them on the wire (bounded, for peers that stopped reading), or a peer still finishing that
+    // collective would see the connection close before its data.
+    std::unique_lock<std::mutex> lock(mu_);
+    // BYE tells the peers this is an orderly end, not a failure (they may still be finishing with others).
+    for (int r = 0; r < world_; ++r)
+      if (r != rank_) queue_control(r, kBye, nullptr, 0);
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+    auto flushed = [this] {
+      for (const Peer& p : peers_)
+        if (!p.lost && p.fd >= 0 && !p.out.empty()) return false;
+      return true;
+    };
+    while (io_.joinable() && !flushed() && Clock::now() < deadline) {
+      lock.unlock();
+      wake_io();
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::milliseconds(5), flushed);
+    }
     stop_ = true;
   }
   wake_io();
   if (io_.joinable()) io_.join();
+  // Close gracefully: FIN first, then read (and drop) what the peer still sends until its own FIN.
+  // Closing with unread bytes would send a reset, and a reset can make the peer drop data of ours it
+  // has not read yet. Bounded: a peer that keeps its end open is closed on after a moment.
+  std::vector<struct pollfd> open;
+  for (Peer& p : peers_)
+    if (p.fd >= 0) {
+      ::shutdown(p.fd, SHUT_WR);
+      open.push_back({p.fd, POLLIN, 0});
+    }
+  const Clock::time_point linger = Clock::now() + std::chrono::seconds(2);
+  char sink[65536];
+  while (!open.empty() && Clock::now() < linger) {
+    ::poll(open.data(), open.size(), ms_left(linger));
+    for (size_t i = 0; i < open.size();) {
+      ssize_t k = ::recv(open[i].fd, sink, sizeof sink, MSG_DONTWAIT);
+      const bool done = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      if (done) {
+        open[i] = open.back();
+        open.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
   for (Peer& p : peers_)
     if (p.fd >= 0) ::close(p.fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -384,7 +426,7 @@ bool TcpTransport::pump_in(int r, Peer& p) {
     std::memcpy(&f, p.in_header.data(), sizeof f);
     if (f.type == kData && f.bytes > config_.fragment_bytes) {
       mark_lost(p, "rank " + std::to_string(r) + " sent a fragment larger than the transport's");
-    } else if (f.type != kData && f.type != kEnter && f.type != kAbort) {
+    } else if (f.type != kData && f.type != kEnter && f.type != kAbort && f.type != kBye) {
       mark_lost(p, "rank " + std::to_string(r) + " sent a frame pycoll does not know");
     } else if (f.type != kData) {
       if (f.bytes > kMaxControlBytes)
@@ -403,6 +445,8 @@ void TcpTransport::on_control(int r, Peer& p, uint32_t type) {
     std::memcpy(&p.descs[seq % kDescRing], p.in_control.data() + sizeof seq, sizeof(Descriptor));
     p.desc_seq[seq % kDescRing] = seq;
     p.entered = std::max(p.entered, seq);
+  } else if (type == kBye) {
+    p.finalized = true;
   } else if (type == kAbort && p.in_control.size() >= sizeof(AbortHead)) {
     AbortHead head;
     std::memcpy(&head, p.in_control.data(), sizeof head);
@@ -504,7 +548,14 @@ void TcpTransport::check_health(const WaitContext& ctx) {
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     const Peer& p = peers_[r];
-    if (p.lost)
+    // A peer that said BYE finished the collectives it needed this rank for; it is an error only to
+    // wait for it.
+    if (p.lost && p.finalized && ctx.waiting_on_peer == r)
+      throw Error(ErrorKind::kPeerLost,
+                  "rank " + std::to_string(r) + " finalized its communicator while rank " + std::to_string(rank_) +
+                      " waited for it in " + describe(*ctx.desc) + ": the ranks did not call the same collectives",
+                  r);
+    if (p.lost && !p.finalized)
       throw Error(ErrorKind::kPeerLost,
                   "rank " + std::to_string(r) + " was lost while rank " + std::to_string(rank_) + " depended on it (" +
                       p.lost_why +

@@ -7,9 +7,10 @@
 // TCP's own flow control holds the sender back: memory stays bounded.
 //
 // The control plane travels on the same connections as small frames: ENTER (the collective number and
-// descriptor a rank entered, for mismatch and timeout messages) and ABORT (the error a rank failed with,
-// so that every rank raises it). A connection that closes or fails marks its peer lost: waiting ranks
-// raise PeerLostError at their next health check (within milliseconds).
+// descriptor a rank entered, for mismatch and timeout messages), ABORT (the error a rank failed with, so
+// that every rank raises it) and BYE (an orderly end: the peer finalized). A connection that closes or
+// fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
+// (within milliseconds).
 //
 // Connections are made once (connect()): each rank dials the ranks below it and accepts the ranks above
 // it on its listening socket. A dialer proves it belongs to the job with a token every rank got from the
@@ -79,6 +80,7 @@ class TcpTransport final : public Transport {
   struct Peer {
     int fd = -1;
     bool lost = false;
+    bool finalized = false;  // the peer said BYE: its connection closing next is no failure
     std::string lost_why;
     // send side: slots [sent, committed) wait for the socket; [committed, committed + free) are free
     std::vector<uint8_t> send_ring;

@@ -157,7 +157,9 @@ def _check_timeouts(results, missing, collective, timeout, slack=4.0):
         assert res["error"] == "CollectiveTimeoutError", f"rank {r}: {res}"
         msg = res["message"]
         took = res["elapsed"]
-        assert timeout * 0.9 <= took <= timeout + slack, f"rank {r} raised after {took:.2f} s"
+        # Not much earlier than the deadline: a rank may raise a little before its own when a peer that
+        # entered earlier timed out first and aborted the communicator.
+        assert timeout * 0.5 <= took <= timeout + slack, f"rank {r} raised after {took:.2f} s"
         assert collective in msg, f"rank {r}: the message does not name {collective}: {msg}"
         assert set(missing) <= named_ranks(msg), f"rank {r}: the message does not name ranks {missing}: {msg}"
         _assert_broken_afterwards(res, r)
