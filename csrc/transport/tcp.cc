@@ -495,7 +495,10 @@ void TcpTransport::io_loop() {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i = 1; i < fds.size(); ++i) {
         Peer& p = peers_[owner[i]];
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) progressed |= pump_in(owner[i], p);
+        // A frame whose bytes all arrived while the receive ring was full (an empty fragment: just its
+        // header) completes once there is room, with nothing more to read: no POLLIN will say so.
+        const bool pending = p.in_offset >= sizeof(Frame);
+        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || pending) progressed |= pump_in(owner[i], p);
         if (fds[i].revents & (POLLOUT | POLLHUP | POLLERR)) progressed |= pump_out(p);
         // Frames committed while poll() slept go out now rather than after another round trip.
         if (!p.out.empty() && !(fds[i].revents & POLLOUT)) progressed |= pump_out(p);
