@@ -426,11 +426,7 @@ void ShmTransport::check_health(const WaitContext& ctx) {
     if (r == rank_) continue;
     Descriptor theirs;
     if (published_descriptor(r, ctx.seq, &theirs) && theirs.hash() != ctx.desc->hash())
-      throw Error(ErrorKind::kMismatch,
-                  "collective #" + std::to_string(ctx.seq) + " differs between ranks (" +
-                      differences(*ctx.desc, theirs) + "): rank " + std::to_string(rank_) + " called " +
-                      describe(*ctx.desc) + " but rank " + std::to_string(r) + " called " + describe(theirs),
-                  r);
+      throw descriptor_mismatch(rank_, r, ctx.seq, *ctx.desc, theirs);
   }
 }
 
@@ -443,33 +439,11 @@ std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
 
 void ShmTransport::raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
                                          uint64_t expected_msg_bytes) {
-  std::string mine = describe(desc);
-  Descriptor theirs;
-  if (got.seq != seq) {
-    std::string what = "rank " + std::to_string(peer) + " sent data of its collective #" + std::to_string(got.seq) +
-                       " to rank " + std::to_string(rank_) + ", which is in collective #" + std::to_string(seq) + " " +
-                       mine + ": the ranks did not call the same sequence of collectives";
-    if (published_descriptor(peer, got.seq, &theirs))
-      what += " (rank " + std::to_string(peer) + " is in " + describe(theirs) + ")";
-    throw Error(ErrorKind::kMismatch, what, peer);
-  }
-  if (got.desc_hash != desc.hash()) {
-    if (published_descriptor(peer, seq, &theirs))
-      throw Error(ErrorKind::kMismatch,
-                  "collective #" + std::to_string(seq) + " differs between ranks (" + differences(desc, theirs) +
-                      "): rank " + std::to_string(rank_) + " called " + mine + " but rank " + std::to_string(peer) +
-                      " called " + describe(theirs),
-                  peer);
-    throw Error(ErrorKind::kMismatch,
-                "collective #" + std::to_string(seq) + " differs between rank " + std::to_string(rank_) + " " + mine +
-                    " and rank " + std::to_string(peer),
-                peer);
-  }
-  throw Error(ErrorKind::kMismatch,
-              "rank " + std::to_string(peer) + " sent a message of " + std::to_string(got.msg_bytes) +
-                  " bytes where rank " + std::to_string(rank_) + " expected " + std::to_string(expected_msg_bytes) +
-                  " in collective #" + std::to_string(seq) + " " + mine,
-              peer);
+  Descriptor at_got, at_seq;
+  const bool has_got = published_descriptor(peer, got.seq, &at_got);
+  const bool has_seq = published_descriptor(peer, seq, &at_seq);
+  throw_header_mismatch(rank_, peer, got, seq, desc, expected_msg_bytes, has_got ? &at_got : nullptr,
+                        has_seq ? &at_seq : nullptr);
 }
 
 }  // namespace pycoll

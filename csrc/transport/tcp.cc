@@ -566,11 +566,7 @@ void TcpTransport::check_health(const WaitContext& ctx) {
                   r);
     Descriptor theirs;
     if (published_descriptor(r, ctx.seq, &theirs) && theirs.hash() != ctx.desc->hash())
-      throw Error(ErrorKind::kMismatch,
-                  "collective #" + std::to_string(ctx.seq) + " differs between ranks (" +
-                      differences(*ctx.desc, theirs) + "): rank " + std::to_string(rank_) + " called " +
-                      describe(*ctx.desc) + " but rank " + std::to_string(r) + " called " + describe(theirs),
-                  r);
+      throw descriptor_mismatch(rank_, r, ctx.seq, *ctx.desc, theirs);
   }
 }
 
@@ -608,30 +604,15 @@ std::vector<int> TcpTransport::ranks_not_entered(uint64_t seq) {
 
 void TcpTransport::raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
                                          uint64_t expected_msg_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const std::string mine = describe(desc);
-  Descriptor theirs;
-  if (got.seq != seq)
-    throw Error(ErrorKind::kMismatch,
-                "rank " + std::to_string(peer) + " sent data of its collective #" + std::to_string(got.seq) +
-                    " to rank " + std::to_string(rank_) + ", which is in collective #" + std::to_string(seq) + " " +
-                    mine + ": the ranks did not call the same sequence of collectives",
-                peer);
-  if (got.desc_hash != desc.hash()) {
-    const std::string detail =
-        published_descriptor(peer, seq, &theirs)
-            ? " (" + differences(desc, theirs) + "): rank " + std::to_string(peer) + " called " + describe(theirs)
-            : "";
-    throw Error(ErrorKind::kMismatch,
-                "collective #" + std::to_string(seq) + " differs between ranks; rank " + std::to_string(rank_) +
-                    " called " + mine + detail,
-                peer);
+  Descriptor at_got, at_seq;
+  bool has_got, has_seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    has_got = published_descriptor(peer, got.seq, &at_got);
+    has_seq = published_descriptor(peer, seq, &at_seq);
   }
-  throw Error(ErrorKind::kMismatch,
-              "rank " + std::to_string(peer) + " sent a message of " + std::to_string(got.msg_bytes) +
-                  " bytes where rank " + std::to_string(rank_) + " expected " + std::to_string(expected_msg_bytes) +
-                  " in collective #" + std::to_string(seq) + " " + mine,
-              peer);
+  throw_header_mismatch(rank_, peer, got, seq, desc, expected_msg_bytes, has_got ? &at_got : nullptr,
+                        has_seq ? &at_seq : nullptr);
 }
 
 }  // namespace pycoll

@@ -46,6 +46,13 @@ struct WaitContext {
   int waiting_on_peer;  // the peer whose data or room the executor is waiting for, or -1
 };
 
+// The mismatch errors every transport raises, worded in one place. `theirs...` is what the peer announced
+// for that collective, or null when it has not (yet).
+Error descriptor_mismatch(int rank, int peer, uint64_t seq, const Descriptor& mine, const Descriptor& theirs);
+[[noreturn]] void throw_header_mismatch(int rank, int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
+                                        uint64_t expected_msg_bytes, const Descriptor* theirs_at_got_seq,
+                                        const Descriptor* theirs_at_seq);
+
 class Transport {
  public:
   virtual ~Transport() = default;
