@@ -96,20 +96,23 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
 
   // With a codec, plan offsets and counts are float32 elements of the buffers, and a message carries the
   // encoding of its op's elements, cut into fragments of whole blocks (the last may end on a partial one),
-  // so each fragment is encoded and decoded on its own. Without one, a message is the op's bytes.
+  // so each fragment is encoded and decoded on its own. Without one, or for an op marked uncompressed, a
+  // message is the op's bytes.
   const cpu::Codec* const codec = a.codec;
+  auto coded = [codec](const PlanOp& op) { return codec && !op.uncompressed; };
   const size_t block_bytes = codec ? codec->block_bytes() : 1;
-  const size_t frag_bytes = codec ? t_.fragment_bytes() / block_bytes * block_bytes : t_.fragment_bytes();
+  const size_t coded_frag_bytes = codec ? t_.fragment_bytes() / block_bytes * block_bytes : 0;
+  auto frag_bytes = [&](const PlanOp& op) -> size_t { return coded(op) ? coded_frag_bytes : t_.fragment_bytes(); };
   const uint32_t rounding_key = codec ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0;
   const float residual_scale = a.op == RedOp::kAvg ? static_cast<float>(t_.world()) : 1.0f;
   auto encoded_offset = [&](uint64_t elem) { return elem / codec->block_elems() * block_bytes; };
   std::vector<uint64_t>& msg_bytes = msg_bytes_;
   msg_bytes.resize(plan.ops.size());
   for (size_t i = 0; i < plan.ops.size(); ++i)
-    msg_bytes[i] = codec ? codec->encoded_bytes(plan.ops[i].bytes / 4) : plan.ops[i].bytes;
+    msg_bytes[i] = coded(plan.ops[i]) ? codec->encoded_bytes(plan.ops[i].bytes / 4) : plan.ops[i].bytes;
   if (codec) {
     encoded_.resize(codec->encoded_bytes(plan.output_bytes / 4));
-    scratch_.resize(frag_bytes / block_bytes * codec->block_elems() + codec->block_elems());
+    scratch_.resize(coded_frag_bytes / block_bytes * codec->block_elems() + codec->block_elems());
   }
 
   const Clock::time_point start = Clock::now();
@@ -130,8 +133,8 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
 
   WaitContext ctx{seq, &a.desc, -1};
   std::vector<WaitItem>& waits = waits_;  // what blocked this pass, for Transport::wait
-  auto fragments_left = [frag_bytes](uint64_t bytes) {
-    return static_cast<uint32_t>(std::max<uint64_t>(1, (bytes + frag_bytes - 1) / frag_bytes));
+  auto fragments_left = [](uint64_t bytes, uint64_t frag) {
+    return static_cast<uint32_t>(std::max<uint64_t>(1, (bytes + frag - 1) / frag));
   };
   bool idle = false;  // whether this rank is in a wait (idle_since is its start)
   Clock::time_point idle_since = start;
@@ -141,17 +144,18 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   // Sends one fragment at a time of a pure SEND, as long as the transport has room.
   auto pump_send = [&](size_t i) {
     const PlanOp& op = plan.ops[i];
+    const uint64_t frag = frag_bytes(op);
     bool progressed = false;
     while (!done[i]) {
       void* room = t_.acquire_send(op.send_peer);
       if (!room) {
         ctx.waiting_on_peer = op.send_peer;
-        waits.push_back({op.send_peer, true, fragments_left(msg_bytes[i] - pos[i])});
+        waits.push_back({op.send_peer, true, fragments_left(msg_bytes[i] - pos[i], frag)});
         break;
       }
       const uint64_t total = msg_bytes[i];
-      const uint64_t n = std::min<uint64_t>(frag_bytes, total - pos[i]);
-      if (!codec) {
+      const uint64_t n = std::min<uint64_t>(frag, total - pos[i]);
+      if (!coded(op)) {
         std::memcpy(room, buffer(op.src_buf) + op.src_off + pos[i], n);
       } else if (op.src_buf == kEncoded) {  // a final value, encoded once by its owner: forward its bits
         std::memcpy(room, encoded_.data() + encoded_offset(op.src_off / 4) + pos[i], n);
@@ -243,11 +247,11 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       const uint8_t* frag = static_cast<const uint8_t*>(t_.peek_recv(op.recv_peer, &h));
       if (!frag) {
         ctx.waiting_on_peer = op.recv_peer;
-        waits.push_back({op.recv_peer, false, fragments_left(total - pos[i])});
+        waits.push_back({op.recv_peer, false, fragments_left(total - pos[i], frag_bytes(op))});
         break;
       }
       // A fragment is whole elements, or with a codec whole blocks unless it ends the message.
-      const bool whole = codec ? (h.bytes % block_bytes == 0 || pos[i] + h.bytes == total) : h.bytes % isz == 0;
+      const bool whole = coded(op) ? (h.bytes % block_bytes == 0 || pos[i] + h.bytes == total) : h.bytes % isz == 0;
       if (h.seq != seq || h.desc_hash != hash || h.msg_bytes != total || h.offset != pos[i] ||
           h.bytes > total - pos[i] || !whole)
         t_.raise_header_mismatch(op.recv_peer, h, seq, a.desc, total);
@@ -261,7 +265,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         }
       }
       const uint64_t n = h.bytes;
-      if (codec) {
+      if (coded(op)) {
         codec_recv(op, pos[i], frag, n, room);
       } else {
         uint8_t* dst = buffer(op.dst_buf) + op.dst_off + pos[i];

@@ -27,7 +27,7 @@ struct Places {
     const PlanOp& op = plan.ops[i];
     switch (op.kind) {
       case OpKind::kSend:
-        if (!a.compressed) return buffer(op.src_buf) + op.src_off;
+        if (!a.compressed || op.uncompressed) return buffer(op.src_buf) + op.src_off;
         return op.src_buf == kEncoded ? encoded_at(op.src_off) : stage(prog.send_stage[i]);
       case OpKind::kRecvCopySend:
         return stage(prog.recv_stage[i]);  // forwarded as it arrived
@@ -147,7 +147,7 @@ void run_actions(const NativePlan& plan, const GroupedProgram& prog, const Group
         group.push_back({false, op.recv_peer, places.stage(prog.recv_stage[i]), prog.msg_bytes[i]});
         break;
       case GroupAction::kFinish:
-        if (a.compressed)
+        if (a.compressed && !op.uncompressed)
           finish_compressed(places, op, i, be);
         else
           finish_plain(places, op, i, be);

@@ -40,6 +40,9 @@ struct PlanOp {
   int32_t src_buf;
   int32_t dst_buf;
   bool finalize;
+  // With a codec: this op's message is the float32 elements, not their encoding, and it does what it does
+  // without a codec (the hierarchical all-reduce's intra-host stages; "Compressed plans" in plan.py).
+  bool uncompressed;
   uint64_t bytes;
   uint64_t src_off;             // bytes
   uint64_t dst_off;             // bytes
@@ -52,7 +55,7 @@ struct NativePlan {
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
   // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), and whether the
-  // plan can run with a codec at all (no COPY, no SEND of OUTPUT).
+  // plan can run with a codec at all (no COPY, no SEND of OUTPUT but uncompressed ones).
   bool uses_encoded = false;
   bool codec_compatible = true;
   int world = 0;

@@ -34,7 +34,19 @@ using namespace pycoll;
 namespace {
 
 // Column order of the op table (pycoll/algorithms/plan.py OP_COLUMNS).
-enum Col { kKind, kCount, kSendPeer, kRecvPeer, kSrcBuf, kSrcOff, kDstBuf, kDstOff, kFinalize, kNumCols };
+enum Col {
+  kKind,
+  kCount,
+  kSendPeer,
+  kRecvPeer,
+  kSrcBuf,
+  kSrcOff,
+  kDstBuf,
+  kDstOff,
+  kFinalize,
+  kUncompressed,
+  kNumCols
+};
 
 std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style | py::array::forcecast> table,
                                          py::array_t<int64_t, py::array::c_style | py::array::forcecast> starts,
@@ -67,6 +79,7 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
     op.src_off = static_cast<uint64_t>(t(i, kSrcOff)) * itemsize;
     op.dst_off = static_cast<uint64_t>(t(i, kDstOff)) * itemsize;
     op.finalize = t(i, kFinalize) != 0;
+    op.uncompressed = t(i, kUncompressed) != 0;
     op.prev_send_same_peer = -1;
     auto bad = [&](const std::string& why) {
       throw Error(ErrorKind::kInternal, "plan op " + std::to_string(i) + " is invalid: " + why);
@@ -85,7 +98,8 @@ std::shared_ptr<NativePlan> compile_plan(py::array_t<int64_t, py::array::c_style
     if (reads_src && op.src_off + op.bytes > limit(op.src_buf)) bad("reads past the end of its buffer");
     if (writes_dst && op.dst_off + op.bytes > limit(op.dst_buf)) bad("writes past the end of its buffer");
     plan->uses_encoded |= op.src_buf == kEncoded;
-    plan->codec_compatible &= op.kind != OpKind::kCopy && !(op.kind == OpKind::kSend && op.src_buf == kOutput);
+    plan->codec_compatible &=
+        op.kind != OpKind::kCopy && !(op.kind == OpKind::kSend && op.src_buf == kOutput && !op.uncompressed);
     plan->ops.push_back(op);
   }
   for (py::ssize_t s = 0; s < starts.size(); ++s) {

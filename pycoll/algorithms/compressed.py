@@ -8,6 +8,8 @@ may be short, and it stays the last piece of the last message that carries it.
 Final values travel encoded once: every SEND of OUTPUT (a final value) becomes a SEND of ENCODED, the
 bytes its owner encoded when it finalized the region (or that this rank forwarded), so no rank ever
 re-encodes a final value and every rank decodes the same bits. See "Compressed plans" in plan.py.
+Ops the algorithm marked ``uncompressed`` (the hierarchical all-reduce's intra-host stages) keep their
+float32 messages, and their SENDs of OUTPUT stay SENDs of OUTPUT.
 
 Each algorithm quantizes an element a different number of times, which is what its error grows with:
 
@@ -16,6 +18,8 @@ Each algorithm quantizes an element a different number of times, which is what i
     ring                world - 1 times in the reduce-scatter (every hop re-encodes the partial sum), then
                         the final value once; the all-gather forwards the encoded bits unchanged
     tree                once per level on the way up (about log2(world)), then once at the root
+    hierarchical        as the ring among the hosts (hosts - 1 times, then the final value once); the
+                        sums within a host are exact
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def _scale(op: Op, block: int, count: int) -> Op:
     region = op.dst[1] if op.kind in WRITES_DST else op.src[1]
     start = min(region * block, count)
     n = min((region + op.count) * block, count) - start
-    src = (Buf.ENCODED if op.kind == OpKind.SEND and op.src[0] == Buf.OUTPUT else op.src[0],
+    sends_final = op.kind == OpKind.SEND and op.src[0] == Buf.OUTPUT and not op.uncompressed
+    src = (Buf.ENCODED if sends_final else op.src[0],
            min(op.src[1] * block, count))
     dst = (op.dst[0], min(op.dst[1] * block, count))
     return replace(op, count=n, src=src, dst=dst)

@@ -119,7 +119,8 @@ def lower_to_groups(
 
     ``message_bytes(op)`` is the size of the op's message on the wire (count * itemsize, or a codec's
     encoded size). ``compressed``: the plans are compressed plans (SENDs from INPUT are encoded first and
-    RECV_REDUCE_SEND needs a float32 scratch of its count).
+    RECV_REDUCE_SEND needs a float32 scratch of its count), whose ops marked ``uncompressed`` send their
+    float32 elements instead (``message_bytes`` is not asked about them).
     """
     world = len(plans)
     ops = [list(p.ops()) for p in plans]
@@ -162,6 +163,12 @@ def lower_to_groups(
     first_write: list[dict[tuple[int, str], int]] = [{} for _ in range(world)]  # (op, region) -> time
     last_read: list[dict[tuple[int, str], int]] = [{} for _ in range(world)]
 
+    def coded(op: Op) -> bool:  # its message is encoded (plan.py, "Compressed plans")
+        return compressed and not op.uncompressed
+
+    def encodes_input(op: Op) -> bool:  # a SEND whose message is encoded from INPUT first (PREPARE)
+        return coded(op) and op.kind == OpKind.SEND and op.src[0] == Buf.INPUT
+
     def tick(r: int) -> int:
         clock[r] += 1
         return clock[r]
@@ -191,7 +198,7 @@ def lower_to_groups(
                     note(r, i, "recv", t, write=False)
                 if op.kind in (OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND):
                     note(r, i, "send", t, write=True)
-                if compressed and op.kind == OpKind.RECV_REDUCE_SEND:
+                if coded(op) and op.kind == OpKind.RECV_REDUCE_SEND:
                     note(r, i, "work", t, write=True)
                 finished[r][i] = True
                 next_local[r] += 1
@@ -229,7 +236,7 @@ def lower_to_groups(
                 continue
             for kind, i in group[r]:
                 op = ops[r][i]
-                if kind == Action.SEND and compressed and op.kind == OpKind.SEND and op.src[0] == Buf.INPUT:
+                if kind == Action.SEND and encodes_input(op):
                     t = tick(r)
                     actions[r].append((Action.PREPARE, i))
                     note(r, i, "send", t, write=True)
@@ -244,7 +251,7 @@ def lower_to_groups(
                     sent[r][i] = True
                     if op.kind == OpKind.RECV_COPY_SEND:
                         note(r, i, "recv", t, write=False)  # forwarded from where it arrived
-                    elif (compressed and op.kind == OpKind.SEND and op.src[0] == Buf.INPUT) or op.kind in (
+                    elif encodes_input(op) or op.kind in (
                         OpKind.RECV_REDUCE_SEND,
                         OpKind.RECV_REDUCE_COPY_SEND,
                     ):
@@ -256,7 +263,8 @@ def lower_to_groups(
     programs = []
     for r in range(world):
         n = len(ops[r])
-        msg = np.array([message_bytes(op) for op in ops[r]], dtype=np.int64)
+        wire = [op.count * 4 if compressed and op.uncompressed else message_bytes(op) for op in ops[r]]
+        msg = np.array(wire, dtype=np.int64)
         intervals = []
         for (i, region), start in first_write[r].items():
             nbytes = int(msg[i]) if region != "work" else ops[r][i].count * 4

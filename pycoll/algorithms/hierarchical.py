@@ -25,8 +25,12 @@ ring's volume on one share), so a host's network traffic is that of one ring ran
 ranks' links; the intra-host stages move 2*(local_size-1)/local_size * count per rank over shared memory.
 With one rank per host it is the ring all-reduce; on one host it is the direct all-reduce.
 
-Compressed (compressed.py): every stage's messages are encoded, the intra-host ones too; error feedback
-keeps what the encodes of this rank's INPUT (its shares, then its host's sum) lost.
+Compressed (compressed.py): only the cross-host stage is. The intra-host ops are marked ``uncompressed``
+(plan.py, "Compressed plans"): shared memory is fast enough that encoding would cost more time than it
+saves, and the host's sum stays exact, so an element is quantized as in a ring among the hosts (hosts - 1
+times, then the final value once) instead of also on both intra-host stages. On one host nothing is
+encoded. Error feedback: local rank l keeps, for share l, what encoding its host's sum lost; the next
+call's cross-host stage adds it back when it reads the host's sum.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ def _remap(op: Op, column: list[int], offset: int) -> Op:
         src=(op.src[0], op.src[1] + offset),
         dst=(op.dst[0], op.dst[1] + offset),
     )
+
+
+def _within_host(op: Op) -> Op:
+    """An intra-host op: its message stays float32 in a compressed plan (see the module docstring)."""
+    return replace(op, uncompressed=True)
 
 
 def hierarchical_allreduce(rank: int, world: int, count: int, segment_elems: int, local_size: int) -> Plan:
@@ -88,7 +97,7 @@ def hierarchical_allreduce(rank: int, world: int, count: int, segment_elems: int
                         finalize=hosts == 1 and k == len(froms) - 1,
                     )
                 )
-            steps.append(step)
+            steps.append([_within_host(op) for op in step])
     if hosts > 1:
         column = [h * local_size + local for h in range(hosts)]
         offset, length = shares[local]
@@ -103,5 +112,5 @@ def hierarchical_allreduce(rank: int, world: int, count: int, segment_elems: int
             for j in froms:
                 off_j, n_j = share_segments[j][segment]
                 step.append(recv(n_j, mates[j], (OUT, off_j)))
-            steps.append(step)
+            steps.append([_within_host(op) for op in step])
     return make_plan(rank, world, "allreduce", "hierarchical", count, count, steps)

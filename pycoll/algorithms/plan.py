@@ -53,6 +53,12 @@ Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a cod
     residual and reset it to 0; every encode of a region stores what it lost there (for avg, times the
     world size, as the loss happened after the division). COPY does not occur.
 
+    Ops marked ``uncompressed`` are the exception: their messages carry the float32 elements themselves
+    and they do what they do in a plan without a codec (a SEND of OUTPUT sends OUTPUT; nothing is encoded,
+    decoded or kept in ENCODED), and they leave the residual alone. The hierarchical all-reduce marks its
+    intra-host stages so, which keeps the codec on the slow links between hosts; its error feedback is
+    then the loss of the host's sum, which the cross-host stage adds back when it next reads that sum.
+
 Empty regions
     Plans emit ops for empty chunks too (count 0): the executor still sends a header-only message, so
     every collective synchronises the ranks it connects and a rank that called with a different count
@@ -115,6 +121,9 @@ class Op:
     src: tuple[Buf, int] = (Buf.INPUT, 0)
     dst: tuple[Buf, int] = (Buf.OUTPUT, 0)
     finalize: bool = False
+    #: In a compressed plan, this op's message carries the float32 elements, not their encoding (see
+    #: "Compressed plans"); in other plans it changes nothing.
+    uncompressed: bool = False
 
     def __post_init__(self) -> None:
         if self.count < 0:
@@ -127,7 +136,8 @@ class Op:
 
 # Columns of the int64 table handed to the native executor (csrc/engine/plan.h reads the same order).
 OP_COLUMNS = (
-    "kind", "count", "send_peer", "recv_peer", "src_buf", "src_off", "dst_buf", "dst_off", "finalize"
+    "kind", "count", "send_peer", "recv_peer", "src_buf", "src_off", "dst_buf", "dst_off", "finalize",
+    "uncompressed",
 )
 
 
@@ -149,7 +159,7 @@ class Plan:
         """(ops as an int64 [n_ops, len(OP_COLUMNS)] array, step start indices as int64 [n_steps+1])."""
         rows = [
             (int(o.kind), o.count, o.send_peer, o.recv_peer, int(o.src[0]), o.src[1], int(o.dst[0]), o.dst[1],
-             int(o.finalize))
+             int(o.finalize), int(o.uncompressed))
             for o in self.ops()
         ]
         table = np.array(rows, dtype=np.int64).reshape(len(rows), len(OP_COLUMNS))

@@ -50,7 +50,9 @@ residual and sets it to 0, and every encode stores what it lost (times the world
 finalize). Stochastic rounding uses ``rounding_key(seed, rank, seq)``, element indices being buffer
 offsets. The plan checks also require block-aligned offsets, no COPY, no SEND of OUTPUT, and ENCODED
 only as the source of a SEND. ``bytes_per_link`` then counts encoded bytes, and ``quantizations`` says
-how many encodes the most-quantized contribution to each element went through.
+how many encodes the most-quantized contribution to each element went through. Ops marked
+``uncompressed`` run as in a plan without a codec (float32 messages; they may SEND OUTPUT) and leave the
+residual alone.
 """
 
 from __future__ import annotations
@@ -198,7 +200,7 @@ def check_plan(plan: Plan, inplace: bool, *, block: int | None = None) -> None:
                                     f"codec blocks of {block} (only the buffer's last block may be short)")
             if compressed and op.kind == OpKind.COPY:
                 raise PlanError(f"{where}: a compressed plan cannot COPY")
-            if compressed and op.kind == OpKind.SEND and op.src[0] == Buf.OUTPUT:
+            if compressed and op.kind == OpKind.SEND and op.src[0] == Buf.OUTPUT and not op.uncompressed:
                 raise PlanError(f"{where} sends OUTPUT: a compressed plan sends final values from ENCODED, "
                                 f"the bytes encoded once by their owner")
             if op.kind in WRITES_DST:
@@ -388,11 +390,13 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         state.kept_depth[elem:elem + depth.size] = depth
 
     def compressed_send(state: _Rank, o: Op, k: int, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(encoded bytes, per-element encode count) a pure SEND sends."""
+        """(encoded bytes, per-element encode count) a pure SEND sends (an uncompressed one: elements)."""
         assert state.encoded is not None and state.kept is not None and state.kept_depth is not None
         assert state.depth is not None
         buf, off = o.src
         n = o.count
+        if o.uncompressed:
+            return read(state, o).copy(), state.depth[off:off + n].copy()
         if buf == Buf.ENCODED:  # a final value, encoded once by its owner: forward its bits
             if not state.kept[off:off + n].all():
                 missing = off + int(np.argmin(state.kept[off:off + n]))
@@ -410,6 +414,11 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         """(value written to dst, its encode counts, bytes sent, their encode counts) of a receiving op."""
         assert state.depth is not None and msg.depth is not None
         n = o.count
+        if o.uncompressed:  # float32 elements, as in a plan without a codec; the residual is left alone
+            depth = msg.depth if o.kind not in REDUCING else np.maximum(state.depth[o.src[1]:o.src[1] + n],
+                                                                         msg.depth)
+            value = combine(state, o, msg.data)
+            return value, depth, (value if o.kind in SENDS else None), (depth if o.kind in SENDS else None)
         if o.kind == OpKind.RECV:  # kept too: a final value this rank may forward later (hierarchical)
             keep(state, o.dst[1], msg.data, msg.depth)
             return codec_ref.decode(codec, msg.data, n), msg.depth, None, None
@@ -458,8 +467,7 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
                 _Message(data, o.count, time, state.know, k, i,
                          None if payload_depth is None else payload_depth.copy()))
             elements[link] = elements.get(link, 0) + o.count
-            payload_bytes[link] = payload_bytes.get(link, 0) + (data.size if compressed else
-                                                                o.count * dtype.itemsize)
+            payload_bytes[link] = payload_bytes.get(link, 0) + data.nbytes  # encoded bytes or elements
             messages[link] = messages.get(link, 0) + 1
             state.posted.add(i)
 
