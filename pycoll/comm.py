@@ -3,6 +3,8 @@ compiled. ``pycoll.init()`` makes one; the collectives in ``pycoll.api`` run on 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -23,7 +25,7 @@ from pycoll.algorithms.plan import Plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.bootstrap.net import interface_address, reachable_address
-from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, usable_cpus
+from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
 from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
@@ -228,18 +230,23 @@ class Communicator:
         return "0.0.0.0", reachable_address(self._store)
 
     def _connect_tcp(self, advertised: str, timeout: float, local: list[bool]) -> None:
-        """Every rank publishes where it listens; each dials the ranks below it. The token (rank 0's, from
-        the store: authenticated when PYCOLL_SECRET is set) is what a connection must show to be kept."""
+        """Every rank publishes where it listens; each dials the ranks below it, and both ends of every
+        connection prove they hold the job's key (csrc/transport/tcp.h). The key is rank 0's random job
+        key from the store; with PYCOLL_SECRET it is HMAC(secret, job key), so that someone who read the
+        store's traffic (authenticated, not encrypted) still cannot connect."""
         native = self._native
         assert native is not None
         if self.rank == 0:
-            self._store.set("tcp/token", str(secrets.randbits(63)).encode())
-        token = int(self._store.get("tcp/token", timeout).decode())
+            self._store.set("tcp/job_key", secrets.token_hex(32).encode())
+        key = bytes.fromhex(self._store.get("tcp/job_key", timeout).decode())
+        secret = rendezvous_secret()
+        if secret is not None:
+            key = hmac.new(secret, b"pycoll tcp data sockets\0" + key, hashlib.sha256).digest()
         self._store.set(f"tcp/{self.rank}", f"{advertised}:{native.tcp_port}".encode())
         addresses = [self._store.get(f"tcp/{r}", timeout).decode() for r in range(self.world_size)]
         if local:  # this host's ranks are reached over shared memory
             addresses = ["" if here else a for a, here in zip(addresses, local)]
-        native.connect_tcp(addresses, token, timeout)
+        native.connect_tcp(addresses, key, timeout)
         store_barrier(self._store, "connected", self.rank, self.world_size, timeout, what="TCP set-up")
 
     def _agree_on_model(self, timeout: float) -> Model:

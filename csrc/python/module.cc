@@ -21,6 +21,7 @@
 #include "kernels/half.h"
 #include "python/bindings.h"
 #include "transport/composite.h"
+#include "transport/hmac.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 
@@ -499,6 +500,14 @@ PYBIND11_MODULE(_C, m) {
         "the CPU reduce loop on numpy arrays: dst = a (+) b (also into dst2), / avg_divisor when > 0");
   m.def("rounding_key", &codec::rounding_key, py::arg("seed"), py::arg("rank"), py::arg("seq"));
   m.def("codec_isa", &cpu::codec_isa, "instruction set of the CPU codec loops in use");
+  m.def(
+      "hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        const std::string k = key, msg = message;
+        const Digest d = hmac_sha256(k.data(), k.size(), msg.data(), msg.size());
+        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      },
+      py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP handshake computes it (csrc/transport/hmac.cc)");
 
   py::class_<NativeCommunicator>(m, "NativeCommunicator")
       .def(py::init<int, int, size_t, uint32_t, int64_t, int64_t, uint64_t, const std::string&,
@@ -511,11 +520,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("tcp_rejected", [](NativeCommunicator& c) { return c.tcp().rejected_connections(); })
       .def(
           "connect_tcp",
-          [](NativeCommunicator& c, const std::vector<std::string>& addresses, uint64_t token, double timeout_s) {
+          [](NativeCommunicator& c, const std::vector<std::string>& addresses, const py::bytes& key, double timeout_s) {
+            std::string k = key;
             py::gil_scoped_release release;
-            c.tcp().connect(addresses, token, timeout_s);
+            c.tcp().connect(addresses, k, timeout_s);
           },
-          py::arg("addresses"), py::arg("token"), py::arg("timeout_s"))
+          py::arg("addresses"), py::arg("key"), py::arg("timeout_s"))
       .def_property_readonly("segment_bytes", [](NativeCommunicator& c) { return c.transport().segment_bytes(); })
       .def_property_readonly("fragment_bytes", [](NativeCommunicator& c) { return c.transport().fragment_bytes(); })
       .def_property_readonly("seq", &NativeCommunicator::seq)

@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "transport/hmac.h"
+
 namespace pycoll {
 
 // Every frame starts with this header; DATA frames carry `bytes` (= frag.bytes) of payload after it,
@@ -26,15 +28,50 @@ struct TcpTransport::Frame {
 namespace {
 
 enum FrameType : uint32_t { kData = 1, kEnter = 2, kAbort = 3, kBye = 4 };
-constexpr uint64_t kHelloMagic = 0x70796330746370ull;  // "pyc0tcp"
 constexpr size_t kMaxControlBytes = 64 * 1024;
 
-struct Hello {
+// The connection handshake (see tcp.h): three messages, then the connection carries frames.
+constexpr uint64_t kHelloMagic = 0x32706374637970ull;  // "pyctcp2" (version 2: challenge-response)
+constexpr uint64_t kChallengeMagic = 0x32686374637970ull;
+constexpr size_t kNonceBytes = 16;
+// A connection that has not finished its handshake after this long is dropped.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+// Handshakes the listener runs at once; more waiting connections stay in the kernel's backlog.
+constexpr size_t kMaxPending = 64;
+
+struct Hello {  // dialer -> listener
   uint64_t magic;
-  uint64_t token;
-  int32_t rank;
+  int32_t rank;  // the dialer's
   int32_t world;
+  int32_t to;  // the rank the dialer means to reach
+  int32_t reserved;
+  uint8_t nonce[kNonceBytes];
 };
+struct Challenge {  // listener -> dialer: its nonce, and its proof that it holds the key
+  uint64_t magic;
+  uint8_t nonce[kNonceBytes];
+  uint8_t proof[32];
+};
+struct Proof {  // dialer -> listener
+  uint8_t proof[32];
+};
+
+// HMAC of the key over who proves ('D'ialer or 'L'istener), the dialer's Hello (ranks, world, its nonce)
+// and the listener's nonce: fresh nonces on both sides make every proof good for one connection only,
+// and the role byte keeps a listener's proof from serving as a dialer's.
+Digest handshake_proof(const std::string& key, char role, const Hello& hello, const uint8_t* listener_nonce) {
+  uint8_t msg[1 + sizeof(Hello) + kNonceBytes];
+  msg[0] = static_cast<uint8_t>(role);
+  std::memcpy(msg + 1, &hello, sizeof hello);
+  std::memcpy(msg + 1 + sizeof hello, listener_nonce, kNonceBytes);
+  return hmac_sha256(key.data(), key.size(), msg, sizeof msg);
+}
+
+bool proof_matches(const uint8_t* got, const Digest& want) {
+  Digest d;
+  std::memcpy(d.data(), got, d.size());
+  return digests_equal(d, want);
+}
 
 struct AbortHead {
   int32_t kind;
@@ -189,11 +226,11 @@ uint8_t* TcpTransport::recv_slot(Peer& p, uint64_t i) {
   return p.recv_ring.data() + (i % config_.slots) * slot_stride();
 }
 
-void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t token, double timeout_s) {
+void TcpTransport::connect(const std::vector<std::string>& addresses, const std::string& key, double timeout_s) {
   if (static_cast<int>(addresses.size()) != world_) throw Error(ErrorKind::kInternal, "need one address per rank");
+  if (key.size() < 16) throw Error(ErrorKind::kInternal, "the TCP handshake key must have at least 16 bytes");
   const Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, timeout_s) * 1000));
-  const Hello mine{kHelloMagic, token, rank_, world_};
   // Dial the ranks below this one, in order (each of them accepts the ranks above it). An empty address
   // is a rank this transport does not serve (one of this host's, under CompositeTransport).
   for (int r = 0; r < rank_; ++r) {
@@ -203,6 +240,7 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
       throw Error(ErrorKind::kInvalidUsage,
                   "rank " + std::to_string(r) + " published a bad address '" + addresses[r] + "'");
     std::string last = "no answer";
+    bool impostor = false;  // a listener answered there without the key: the likelier cause, said first
     while (peers_[r].fd < 0) {
       int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       PYCOLL_CHECK_SYS(fd);
@@ -220,58 +258,151 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, uint64_t t
           ok = false;
         }
       }
-      Hello theirs{};
-      if (ok && exchange(fd, const_cast<Hello*>(&mine), sizeof mine, true, deadline) &&
-          exchange(fd, &theirs, sizeof theirs, false, deadline) && theirs.magic == kHelloMagic &&
-          theirs.token == token && theirs.rank == r && theirs.world == world_) {
-        tune(fd);
-        peers_[r].fd = fd;
-        break;
+      Hello hello{kHelloMagic, rank_, world_, r, 0, {}};
+      random_bytes(hello.nonce, kNonceBytes);
+      Challenge challenge{};
+      if (!ok) {
+        last = errno_text("connect");
+      } else if (!exchange(fd, &hello, sizeof hello, true, deadline) ||
+                 !exchange(fd, &challenge, sizeof challenge, false, deadline) || challenge.magic != kChallengeMagic) {
+        last = "the handshake failed";
+      } else if (!proof_matches(challenge.proof, handshake_proof(key, 'L', hello, challenge.nonce))) {
+        impostor = true;
+        last = "a wrong proof";
+      } else {
+        const Digest proof = handshake_proof(key, 'D', hello, challenge.nonce);
+        Proof mine{};
+        std::memcpy(mine.proof, proof.data(), proof.size());
+        if (exchange(fd, &mine, sizeof mine, true, deadline)) {
+          tune(fd);
+          peers_[r].fd = fd;
+          break;
+        }
+        last = "the handshake failed";
       }
-      last = ok ? "the handshake failed" : errno_text("connect");
       ::close(fd);
-      if (Clock::now() >= deadline)
+      if (Clock::now() >= deadline) {
+        const std::string why =
+            impostor ? "whoever listens there did not prove it holds this job's key; last attempt: " + last : last;
         throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + " could not connect to rank " +
-                                             std::to_string(r) + " at " + addresses[r] + " (" + last + ") within " +
+                                             std::to_string(r) + " at " + addresses[r] + " (" + why + ") within " +
                                              std::to_string(timeout_s) + " s");
+      }
       ::usleep(20000);
     }
   }
-  // Accept the ranks above this one; anything else that connects is dropped.
-  int missing = 0;
-  for (int r = rank_ + 1; r < world_; ++r) missing += !addresses[r].empty();
-  while (missing > 0) {
-    struct pollfd pfd = {listen_fd_, POLLIN, 0};
-    ::poll(&pfd, 1, ms_left(deadline));
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (Clock::now() >= deadline) {
-        std::string who;
-        for (int r = rank_ + 1; r < world_; ++r)
-          if (peers_[r].fd < 0 && !addresses[r].empty()) who += (who.empty() ? "" : ", ") + std::to_string(r);
-        throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + ": rank(s) " + who +
-                                             " did not connect within " + std::to_string(timeout_s) + " s");
-      }
-      continue;
-    }
-    Hello theirs{};
-    const Clock::time_point hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
-    if (exchange(fd, &theirs, sizeof theirs, false, hello_deadline) && theirs.magic == kHelloMagic &&
-        theirs.token == token && theirs.world == world_ && theirs.rank > rank_ && theirs.rank < world_ &&
-        !addresses[theirs.rank].empty() && peers_[theirs.rank].fd < 0 &&
-        exchange(fd, const_cast<Hello*>(&mine), sizeof mine, true, hello_deadline)) {
-      tune(fd);
-      peers_[theirs.rank].fd = fd;
-      --missing;
-    } else {
-      ++rejected_;  // not one of this job's ranks: close it and go on
-      ::close(fd);
-    }
-  }
+  accept_ranks_above(addresses, key, deadline, timeout_s);
   // Nobody else may connect from now on: anything that tries is refused by the kernel.
   ::close(listen_fd_);
   listen_fd_ = -1;
   io_ = std::thread([this] { io_loop(); });
+}
+
+// Accepts the ranks above this one. Handshakes run side by side, each a small state machine on a
+// non-blocking socket, so that a connection that stalls (or several) cannot hold back the job's ranks;
+// one that fails its handshake or takes longer than kHandshakeTimeout is closed and counted.
+void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses, const std::string& key,
+                                      Clock::time_point deadline, double timeout_s) {
+  struct Pending {
+    int fd;
+    Clock::time_point give_up;
+    int stage = 0;    // 0: reading the Hello, 1: writing the Challenge, 2: reading the Proof
+    size_t done = 0;  // bytes of the current stage's message
+    Hello hello{};
+    Challenge challenge{};
+    Proof proof{};
+  };
+  std::vector<Pending> pending;
+  auto drop = [&](size_t i) {
+    ::close(pending[i].fd);
+    pending[i] = pending.back();
+    pending.pop_back();
+    ++rejected_;  // not one of this job's ranks: close it and go on
+  };
+  // Moves a handshake on as far as its socket allows.
+  enum Outcome { kWaiting, kFailed, kAccepted };
+  auto advance = [&](Pending& p) -> Outcome {
+    for (;;) {
+      void* buf = p.stage == 0   ? static_cast<void*>(&p.hello)
+                  : p.stage == 1 ? static_cast<void*>(&p.challenge)
+                                 : static_cast<void*>(&p.proof);
+      const size_t n = p.stage == 0 ? sizeof p.hello : p.stage == 1 ? sizeof p.challenge : sizeof p.proof;
+      const bool send = p.stage == 1;
+      while (p.done < n) {
+        const ssize_t k = send ? ::send(p.fd, static_cast<uint8_t*>(buf) + p.done, n - p.done, MSG_NOSIGNAL)
+                               : ::recv(p.fd, static_cast<uint8_t*>(buf) + p.done, n - p.done, 0);
+        if (k > 0) {
+          p.done += static_cast<size_t>(k);
+          continue;
+        }
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return kWaiting;
+        return kFailed;  // closed or failed
+      }
+      p.done = 0;
+      const Hello& h = p.hello;
+      if (p.stage == 0) {
+        if (h.magic != kHelloMagic || h.world != world_ || h.to != rank_ || h.rank <= rank_ || h.rank >= world_ ||
+            addresses[h.rank].empty() || peers_[h.rank].fd >= 0)
+          return kFailed;
+        p.challenge.magic = kChallengeMagic;
+        random_bytes(p.challenge.nonce, kNonceBytes);
+        const Digest proof = handshake_proof(key, 'L', h, p.challenge.nonce);
+        std::memcpy(p.challenge.proof, proof.data(), proof.size());
+        p.stage = 1;
+      } else if (p.stage == 1) {
+        p.stage = 2;
+      } else {
+        const bool good = proof_matches(p.proof.proof, handshake_proof(key, 'D', h, p.challenge.nonce));
+        return good && peers_[h.rank].fd < 0 ? kAccepted : kFailed;
+      }
+    }
+  };
+  int missing = 0;
+  for (int r = rank_ + 1; r < world_; ++r) missing += !addresses[r].empty();
+  std::vector<struct pollfd> fds;
+  while (missing > 0) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      while (!pending.empty()) drop(pending.size() - 1);
+      std::string who;
+      for (int r = rank_ + 1; r < world_; ++r)
+        if (peers_[r].fd < 0 && !addresses[r].empty()) who += (who.empty() ? "" : ", ") + std::to_string(r);
+      throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + ": rank(s) " + who +
+                                           " did not connect within " + std::to_string(timeout_s) + " s");
+    }
+    Clock::time_point wake = deadline;
+    fds.clear();
+    fds.push_back({listen_fd_, static_cast<short>(pending.size() < kMaxPending ? POLLIN : 0), 0});
+    for (const Pending& p : pending) {
+      fds.push_back({p.fd, static_cast<short>(p.stage == 1 ? POLLOUT : POLLIN), 0});
+      wake = std::min(wake, p.give_up);
+    }
+    ::poll(fds.data(), fds.size(), ms_left(wake));
+    while (pending.size() < kMaxPending) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      Pending p;
+      p.fd = fd;
+      p.give_up = Clock::now() + kHandshakeTimeout;
+      pending.push_back(p);
+    }
+    for (size_t i = 0; i < pending.size();) {
+      Pending& p = pending[i];
+      const Outcome outcome = advance(p);
+      if (outcome == kAccepted) {
+        tune(p.fd);
+        peers_[p.hello.rank].fd = p.fd;
+        --missing;
+        pending[i] = pending.back();
+        pending.pop_back();
+      } else if (outcome == kFailed || Clock::now() >= p.give_up) {
+        drop(i);
+      } else {
+        ++i;
+      }
+    }
+  }
+  while (!pending.empty()) drop(pending.size() - 1);
 }
 
 // ---- data plane ---------------------------------------------------------------------------------------

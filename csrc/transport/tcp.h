@@ -13,12 +13,16 @@
 // (within milliseconds).
 //
 // Connections are made once (connect()): each rank dials the ranks below it and accepts the ranks above
-// it on its listening socket. A dialer proves it belongs to the job with a token every rank got from the
-// rendezvous store; a connection that does not (wrong bytes, wrong token, silence past the deadline) is
-// closed and the rank keeps accepting.
+// it on its listening socket. Both ends prove they hold the job's key (from the rendezvous store, mixed
+// with PYCOLL_SECRET when that is set) without sending it: the dialer sends its rank and a random nonce,
+// the listener answers with its own nonce and an HMAC-SHA256 of both under the key, and the dialer
+// answers with its own HMAC (hmac.h; tcp.cc has the exact messages). A connection that fails (wrong
+// bytes, wrong proof, silence for 5 s) is closed and counted, and the rank keeps accepting; handshakes
+// run side by side, so stalled connections cannot hold the job back.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -48,7 +52,8 @@ class TcpTransport final : public Transport {
   int listen_port() const { return listen_port_; }
   // Connects to every peer (`addresses[r]`: "host:port" of rank r's listening socket; its own is ignored)
   // and starts the I/O thread. Throws kTimeout naming the ranks not connected after timeout_s.
-  void connect(const std::vector<std::string>& addresses, uint64_t token, double timeout_s);
+  // `key` (at least 16 bytes) is what both ends of every connection prove they hold.
+  void connect(const std::vector<std::string>& addresses, const std::string& key, double timeout_s);
   // Connections dropped during connect() because they did not prove they belong to the job.
   uint64_t rejected_connections() const { return rejected_.load(); }
 
@@ -98,6 +103,8 @@ class TcpTransport final : public Transport {
     Descriptor descs[kDescRing];
   };
 
+  void accept_ranks_above(const std::vector<std::string>& addresses, const std::string& key,
+                          std::chrono::steady_clock::time_point deadline, double timeout_s);
   size_t slot_stride() const;
   uint8_t* send_slot(Peer& p, uint64_t i);
   uint8_t* recv_slot(Peer& p, uint64_t i);

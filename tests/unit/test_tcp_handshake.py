@@ -1,0 +1,183 @@
+"""The TCP transport's connection handshake (csrc/transport/tcp.cc, hmac.cc), driven from Python.
+
+Two native communicators of one job (TCP only, loopback) connect while this test throws connections at
+the listener: junk, a silent socket, half a Hello, a Hello with a wrong proof, a Hello for another job.
+The two ranks still connect at once (handshakes run side by side), and every intruder is closed and
+counted. A rank that dials an impostor (a listener without the key) never sends its own proof and
+gives up naming why. The wire format is rebuilt here from tcp.cc's description, so the proofs are
+checked against Python's own ``hmac``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import pycoll
+from pycoll import _C
+
+HELLO = struct.Struct("<Qiiii16s")  # magic, rank, world, to, reserved, nonce
+CHALLENGE = struct.Struct("<Q16s32s")  # magic, nonce, proof
+HELLO_MAGIC = 0x32706374637970
+CHALLENGE_MAGIC = 0x32686374637970
+KEY = bytes(range(32))
+
+
+def _proof(key: bytes, role: bytes, hello: bytes, listener_nonce: bytes) -> bytes:
+    return hmac.new(key, role + hello + listener_nonce, hashlib.sha256).digest()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _native(rank: int, world: int) -> _C.NativeCommunicator:
+    return _C.NativeCommunicator(rank, world, 65536, 4, 0, 0, 1 << 30, tcp_bind="127.0.0.1")
+
+
+def _connect_in_thread(comm, addresses, key, timeout):
+    outcome: dict = {}
+
+    def run():
+        try:
+            comm.connect_tcp(addresses, key, timeout)
+            outcome["ok"] = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize(
+    "key,message,digest",
+    [  # RFC 4231, test cases 1, 2 and 6 (a key longer than a block)
+        (b"\x0b" * 20, b"Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"),
+        (b"Jefe", b"what do ya want for nothing?",
+         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"),
+        (b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First",
+         "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"),
+    ],
+)
+def test_hmac_sha256_matches_rfc_4231(key, message, digest):
+    assert _C.hmac_sha256(key, message).hex() == digest
+
+
+def test_hmac_sha256_matches_python_across_block_boundaries():
+    for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 128, 1000):
+        message, key = os.urandom(n), os.urandom(n % 97)
+        assert _C.hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
+
+
+def test_intruders_are_dropped_and_the_job_still_connects_at_once():
+    rank0, rank1 = _native(0, 2), _native(1, 2)
+    addresses = [f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{rank1.tcp_port}"]
+    listener = ("127.0.0.1", rank0.tcp_port)
+    thread0, outcome0 = _connect_in_thread(rank0, addresses, KEY, 20.0)
+    intruders = []
+    try:
+        junk = socket.create_connection(listener)
+        junk.sendall(os.urandom(200))
+        silent = socket.create_connection(listener)  # says nothing: must not hold the job back
+        half = socket.create_connection(listener)
+        half.sendall(HELLO.pack(HELLO_MAGIC, 1, 2, 0, 0, os.urandom(16))[:20])
+        intruders += [junk, silent, half]
+
+        # A Hello in the right format: the listener proves itself with the right key ...
+        liar = socket.create_connection(listener)
+        intruders.append(liar)
+        hello = HELLO.pack(HELLO_MAGIC, 1, 2, 0, 0, os.urandom(16))
+        liar.sendall(hello)
+        magic, nonce, proof = CHALLENGE.unpack(_recv_exactly(liar, CHALLENGE.size))
+        assert magic == CHALLENGE_MAGIC
+        assert proof == _proof(KEY, b"L", hello, nonce)
+        # ... but a proof under another key (or the listener's own proof sent back) is refused
+        liar.sendall(_proof(b"not the job's key" * 2, b"D", hello, nonce))
+        assert _recv_exactly(liar, 1) == b"", "the listener kept a connection with a wrong proof"
+        mirror = socket.create_connection(listener)
+        intruders.append(mirror)
+        hello = HELLO.pack(HELLO_MAGIC, 1, 2, 0, 0, os.urandom(16))
+        mirror.sendall(hello)
+        _, nonce, proof = CHALLENGE.unpack(_recv_exactly(mirror, CHALLENGE.size))
+        mirror.sendall(proof)
+        assert _recv_exactly(mirror, 1) == b""
+
+        other_job = socket.create_connection(listener)  # a world of 3: not this job
+        intruders.append(other_job)
+        other_job.sendall(HELLO.pack(HELLO_MAGIC, 1, 3, 0, 0, os.urandom(16)))
+        assert _recv_exactly(other_job, 1) == b""
+
+        started = time.monotonic()
+        thread1, outcome1 = _connect_in_thread(rank1, addresses, KEY, 20.0)
+        thread1.join(30)
+        thread0.join(30)
+        assert "error" not in outcome0 and "error" not in outcome1, (outcome0, outcome1)
+        # well before the silent connections' 5 s handshake limit: they did not block the accept loop
+        assert outcome0["ok"] - started < 4.0
+        assert rank0.tcp_rejected == 6  # junk, silent, half, liar, mirror, other_job
+        assert rank1.tcp_rejected == 0
+        # the listener is closed once the job is connected: later connections are refused by the kernel
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(listener, timeout=5)
+    finally:
+        for s in intruders:
+            s.close()
+        thread0.join(30)
+        del rank0, rank1
+
+
+def _impostor(key: bytes, seen: dict, ready: threading.Event, port_box: list) -> None:
+    """Listens like rank 0 but proves itself with ``key``; records what dialers send after its challenge."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port_box.append(server.getsockname()[1])
+        ready.set()
+        server.settimeout(10)
+        conn, _ = server.accept()
+        with conn:
+            hello = _recv_exactly(conn, HELLO.size)
+            nonce = os.urandom(16)
+            conn.sendall(CHALLENGE.pack(CHALLENGE_MAGIC, nonce, _proof(key, b"L", hello, nonce)))
+            conn.settimeout(3)
+            try:
+                seen["after_challenge"] = _recv_exactly(conn, 32)
+            except OSError:
+                seen["after_challenge"] = b""
+
+
+def test_a_dialer_does_not_prove_itself_to_a_listener_without_the_key():
+    seen: dict = {}
+    ready, port_box = threading.Event(), []
+    impostor = threading.Thread(target=_impostor, args=(b"x" * 32, seen, ready, port_box), daemon=True)
+    impostor.start()
+    assert ready.wait(10)
+    rank1 = _native(1, 2)
+    with pytest.raises(pycoll.CollectiveTimeoutError, match="did not prove it holds this job's key"):
+        rank1.connect_tcp([f"127.0.0.1:{port_box[0]}", f"127.0.0.1:{rank1.tcp_port}"], KEY, 1.5)
+    impostor.join(10)
+    assert seen["after_challenge"] == b"", "the dialer sent its proof to a listener that did not prove itself"
+
+
+def test_ranks_with_different_keys_do_not_connect():
+    rank0, rank1 = _native(0, 2), _native(1, 2)
+    addresses = [f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{rank1.tcp_port}"]
+    thread0, outcome0 = _connect_in_thread(rank0, addresses, KEY, 2.0)
+    with pytest.raises(pycoll.CollectiveTimeoutError, match="could not connect to rank 0"):
+        rank1.connect_tcp(addresses, bytes(32), 2.0)
+    thread0.join(10)
+    assert isinstance(outcome0.get("error"), pycoll.CollectiveTimeoutError)
+    assert "rank(s) 1 did not connect" in str(outcome0["error"])
+    assert rank0.tcp_rejected >= 1
