@@ -247,8 +247,8 @@ def run_jobs(
             if len(got) == expected:
                 if failed:
                     # Rank 0 writes the records once every size is done, before the last barrier and the
-                    # teardown; a failure after that (the TCP transport's finalize drops frames still
-                    # queued, see tests/distributed/test_netns.py) leaves them complete.
+                    # teardown, so a failure after that leaves them complete; the launchers' output
+                    # above says what failed.
                     print(
                         f"netns_bench: the job failed after writing all {expected} results (at teardown); "
                         "they are kept",

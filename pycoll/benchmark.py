@@ -735,7 +735,7 @@ _COLUMNS = (
 )
 #: With several libraries or algorithms: the series without its codec (``pycoll/ring``, ``gloo``),
 #: after redop.
-_VARIANT_COLUMN = ("variant", "", 14)
+_VARIANT_COLUMN = ("variant", "", 19)  # fits "pycoll/hierarchical"
 #: With a codec: which one (after redop and variant) and the relative error (before #wrong, which
 #: stays last).
 _CODEC_COLUMN = ("codec", "", 6)

@@ -13,7 +13,7 @@ Flags (nccl-tests' all_reduce_perf names where it has them):
     -c 0|1            check every result (1)
     -o OP             sum prod min max avg, a comma list, or all (sum)
     -d TYPE           float half bfloat16 double int32 int64 int8 uint8, a comma list, or all (float)
-    --algorithm A     auto ring tree direct, or a comma list (auto)
+    --algorithm A     auto ring tree direct hierarchical, or a comma list (auto)
     --compression C   none fp16 bf16 int8 int4, or a comma list (none); float + sum/avg only
     --baseline B      gloo mpi nccl, or a comma list: the other library timed in the same ranks
     --json FILE       one JSON object per row (below)
@@ -32,8 +32,8 @@ exact sum (worst iteration), ``#wrong`` counts elements outside the codec's deri
 (pycoll/compression/bounds.py), and algbw / busbw are *effective* (uncompressed bytes over the time).
 
 JSON records (``--json``; one per row, what ``benchmark.result_to_dict`` writes): ``library`` (pycoll,
-gloo, mpi, nccl), ``algorithm`` (auto/ring/tree/direct; "default" for a baseline), ``codec`` ("none" or
-the codec), ``label`` (the series: ``pycoll/ring``, ``pycoll/direct/int8``, ``gloo``), ``bytes``,
+gloo, mpi, nccl), ``algorithm`` (an ``--algorithm`` name; "default" for a baseline), ``codec`` ("none"
+or the codec), ``label`` (the series: ``pycoll/ring``, ``pycoll/direct/int8``, ``gloo``), ``bytes``,
 ``count``, ``dtype``, ``redop``, ``world``, ``time_us`` (median over iterations of the slowest rank's
 time), ``times_us`` (those per-iteration slowest-rank times, in the order run), ``algbw_GBps``,
 ``busbw_GBps``, ``wrong``, ``rel_error``, ``iters``, ``warmup``, ``library_version``, ``host``;
@@ -86,7 +86,7 @@ __all__ = [
     "worker_arguments",
 ]
 
-ALGORITHMS = ("auto", "ring", "tree", "direct")
+ALGORITHMS = ("auto", "ring", "tree", "direct", "hierarchical")
 #: ``--compression`` values: "none" and pycoll.compression.CODEC_NAMES (spelled out here so that
 #: ``pycoll --help`` does not import numpy; a unit test keeps the two in step).
 COMPRESSIONS = ("none", "fp16", "bf16", "int8", "int4")

@@ -47,6 +47,7 @@ def test_algorithm_and_baseline_lists() -> None:
     args = parser.parse_args(["--algorithm", "ring,direct,ring", "--baseline", "mpi, gloo"])
     assert args.algorithm == ["ring", "direct"] and args.baseline == ["mpi", "gloo"]
     assert parser.parse_args(["--algorithm", "auto,tree"]).algorithm == ["auto", "tree"]
+    assert parser.parse_args(["--algorithm", "hierarchical,ring"]).algorithm == ["hierarchical", "ring"]
     for bad in (["--algorithm", "star"], ["--algorithm", "ring,star"], ["--baseline", "nvshmem"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
