@@ -286,13 +286,14 @@ def format_table(
 ) -> str:
     rate_GBps = netns.rate_bits_per_s(rate) / 8 / 1e9
     world = hosts * per_host
+    w = max([18] + [len(r["label"]) for r in records])  # the variant column
     lines = [
         f"== {hosts} hosts x {per_host} rank{'s' if per_host > 1 else ''} ({world} ranks), every link shaped "
         f"with tbf rate {rate} each way ({rate_GBps * 8:.3g} Gbit/s = {rate_GBps:.4g} GB/s) ==",
         raw_line,
         "busbw = bytes/time * 2(n-1)/n (nccl-tests), time = slowest rank, median of the iterations; "
         "int8/int4: effective (uncompressed bytes)",
-        f"{'size':>8}  {'variant':<18} {'time ms':>9} {'busbw GB/s':>10} {'Gbit/s':>7} {'x rate':>7} "
+        f"{'size':>8}  {'variant':<{w}} {'time ms':>9} {'busbw GB/s':>10} {'Gbit/s':>7} {'x rate':>7} "
         f"{'x gloo':>7} {'x uncompr':>9} {'error':>8} {'#wrong':>6} {'iters':>5}",
     ]
     by_size: dict[int, list[dict[str, Any]]] = {}
@@ -310,7 +311,7 @@ def format_table(
             x_plain = busbw / base["busbw_GBps"] if base else None
             error = r.get("rel_error")
             lines.append(
-                f"{bm.format_size(size):>8}  {r['label']:<18} {r['time_us'] / 1e3:9.2f} {busbw:10.4f} "
+                f"{bm.format_size(size):>8}  {r['label']:<{w}} {r['time_us'] / 1e3:9.2f} {busbw:10.4f} "
                 f"{_gbit(busbw):7.3f} {busbw / rate_GBps:7.2f} "
                 f"{'' if x_gloo is None else f'{x_gloo:.2f}':>7} "
                 f"{'' if x_plain is None else f'{x_plain:.2f}':>9} "
@@ -322,14 +323,14 @@ def format_table(
             if r["codec"] == "none":
                 ok_rate = busbw >= RATE_TARGET * rate_GBps
                 verdicts.append(
-                    f"{bm.format_size(size):>8}  {r['label']:<18} {busbw / rate_GBps:.2f}x rate "
+                    f"{bm.format_size(size):>8}  {r['label']:<{w}} {busbw / rate_GBps:.2f}x rate "
                     f"({'ok' if ok_rate else 'MISS'})"
                     + ("" if x_gloo is None else f", {x_gloo:.2f}x gloo ({_versus_gloo(x_gloo)})")
                 )
             elif r["codec"] in CODEC_TARGETS and x_plain is not None:
                 want = CODEC_TARGETS[r["codec"]]
                 verdicts.append(
-                    f"{bm.format_size(size):>8}  {r['label']:<18} {x_plain:.2f}x uncompressed "
+                    f"{bm.format_size(size):>8}  {r['label']:<{w}} {x_plain:.2f}x uncompressed "
                     f"(target {want:g}x: {'ok' if x_plain >= want else 'MISS'})"
                 )
     lines += [f"# {note}" for note in notes]

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 
 #include "transport/hmac.h"
 
@@ -357,6 +358,14 @@ void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses,
       }
     }
   };
+  struct CloseOnThrow {  // an error below (e.g. from getrandom) must not leak the sockets in handshake
+    std::vector<Pending>& pending;
+    const int unwinding = std::uncaught_exceptions();
+    ~CloseOnThrow() {
+      if (std::uncaught_exceptions() > unwinding)
+        for (const Pending& p : pending) ::close(p.fd);
+    }
+  } guard{pending};
   int missing = 0;
   for (int r = rank_ + 1; r < world_; ++r) missing += !addresses[r].empty();
   std::vector<struct pollfd> fds;
