@@ -486,7 +486,7 @@ void TcpTransport::mark_lost(Peer& p, const std::string& why) {
   p.out.clear();
 }
 
-bool TcpTransport::pump_out(Peer& p) {
+bool TcpTransport::pump_out(Peer& p, std::unique_lock<std::mutex>& lock) {
   bool progressed = false;
   while (!p.out.empty() && !p.lost) {
     Outgoing& o = p.out.front();
@@ -501,7 +501,15 @@ bool TcpTransport::pump_out(Peer& p) {
       data = o.bytes.data();
       total = o.bytes.size();
     }
+    // The copy into the socket runs unlocked, so that the executor meanwhile fills and reduces other
+    // slots; `sending` keeps abort() from dropping this frame under it.
+    p.sending = true;
+    lock.unlock();
     ssize_t k = ::send(p.fd, data + p.out_offset, total - p.out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int err = errno;
+    lock.lock();
+    p.sending = false;
+    errno = err;
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
       mark_lost(p, errno_text("send"));
@@ -517,7 +525,7 @@ bool TcpTransport::pump_out(Peer& p) {
   return progressed;
 }
 
-bool TcpTransport::pump_in(int r, Peer& p) {
+bool TcpTransport::pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock) {
   bool progressed = false;
   while (!p.lost) {
     Frame f;
@@ -553,7 +561,13 @@ bool TcpTransport::pump_in(int r, Peer& p) {
         want = std::min(want, p.in_control.size());
       }
     }
+    // Unlocked, like pump_out's send: `dst` is a slot the executor cannot see before `arrived` moves, or
+    // this thread's own header and control buffers.
+    lock.unlock();
     ssize_t k = ::recv(p.fd, dst, want, MSG_DONTWAIT);
+    const int err = errno;
+    lock.lock();
+    errno = err;
     if (k <= 0) {
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return progressed;
       mark_lost(p, k == 0 ? "rank " + std::to_string(r) + " closed its connection" : errno_text("recv"));
@@ -632,16 +646,16 @@ void TcpTransport::io_loop() {
     }
     bool progressed = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       for (size_t i = 1; i < fds.size(); ++i) {
         Peer& p = peers_[owner[i]];
         // A frame whose bytes all arrived while the receive ring was full (an empty fragment: just its
         // header) completes once there is room, with nothing more to read: no POLLIN will say so.
         const bool pending = p.in_offset >= sizeof(Frame);
-        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || pending) progressed |= pump_in(owner[i], p);
-        if (fds[i].revents & (POLLOUT | POLLHUP | POLLERR)) progressed |= pump_out(p);
+        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || pending) progressed |= pump_in(owner[i], p, lock);
+        if (fds[i].revents & (POLLOUT | POLLHUP | POLLERR)) progressed |= pump_out(p, lock);
         // Frames committed while poll() slept go out now rather than after another round trip.
-        if (!p.out.empty() && !(fds[i].revents & POLLOUT)) progressed |= pump_out(p);
+        if (!p.out.empty() && !(fds[i].revents & POLLOUT)) progressed |= pump_out(p, lock);
       }
     }
     if (progressed) cv_.notify_all();
@@ -726,7 +740,8 @@ void TcpTransport::abort(const Error& error) {
       if (r == rank_) continue;
       Peer& p = peers_[r];
       // Fragments not yet on the wire are dropped: the peer needs the ABORT, not the rest of the data.
-      while (!p.out.empty() && p.out.back().slot >= 0 && (p.out.size() > 1 || p.out_offset == 0)) p.out.pop_back();
+      while (!p.out.empty() && p.out.back().slot >= 0 && (p.out.size() > 1 || (p.out_offset == 0 && !p.sending)))
+        p.out.pop_back();
       queue_control(r, kAbort, payload.data(), payload.size());
     }
   }

@@ -92,6 +92,7 @@ class TcpTransport final : public Transport {
     uint64_t committed = 0, sent = 0;
     std::deque<Outgoing> out;
     size_t out_offset = 0;  // bytes of out.front() already written
+    bool sending = false;   // the I/O thread is writing out.front() with mu_ released
     // receive side: slots [released, arrived) hold whole fragments; one more may be filling
     std::vector<uint8_t> recv_ring;
     uint64_t arrived = 0, released = 0;
@@ -110,8 +111,9 @@ class TcpTransport final : public Transport {
   uint8_t* recv_slot(Peer& p, uint64_t i);
   void queue_control(int peer, uint32_t type, const void* payload, size_t bytes);  // mu_ held
   void io_loop();
-  bool pump_out(Peer& p);                           // mu_ held
-  bool pump_in(int r, Peer& p);                     // mu_ held
+  // mu_ held (through `lock`), released around the socket calls.
+  bool pump_out(Peer& p, std::unique_lock<std::mutex>& lock);
+  bool pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock);
   void on_control(int r, Peer& p, uint32_t type);   // mu_ held
   void mark_lost(Peer& p, const std::string& why);  // mu_ held
   void wake_io();
