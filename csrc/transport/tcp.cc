@@ -706,8 +706,9 @@ void TcpTransport::check_health(const WaitContext& ctx) {
     if (r == rank_) continue;
     const Peer& p = peers_[r];
     // A peer that said BYE finished the collectives it needed this rank for; it is an error only to
-    // wait for it.
-    if (p.lost && p.finalized && ctx.waiting_on_peer == r)
+    // wait for it, and only once what it sent before its BYE has been consumed (the executor may not
+    // have looked at the ring since the I/O thread filled it and saw the connection close).
+    if (p.lost && p.finalized && ctx.waiting_on_peer == r && p.arrived == p.released)
       throw Error(ErrorKind::kPeerLost,
                   "rank " + std::to_string(r) + " finalized its communicator while rank " + std::to_string(rank_) +
                       " waited for it in " + describe(*ctx.desc) + ": the ranks did not call the same collectives",
