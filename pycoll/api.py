@@ -179,12 +179,21 @@ def _algorithm(
             "these arrays are in host memory"
         )
     if algorithm == "auto":
+        if collective == "allreduce" and comm.spans_equal_hosts:
+            return "hierarchical"  # the cost model knows shared memory only; see auto_compressed_algorithm
         return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
     if algorithm not in valid:
         raise InvalidUsageError(
             f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"
         )
     return algorithm
+
+
+def auto_compressed_algorithm(comm: Communicator) -> str:
+    """The all-reduce plan ``algorithm="auto"`` runs with a fixed codec: ``hierarchical`` on several hosts
+    of equal size (more than one rank each: the codec only on the links between hosts, each host's sum
+    exact, every rank's link used), else direct (two-shot: each element quantized at most twice)."""
+    return "hierarchical" if comm.spans_equal_hosts else DEFAULT_COMPRESSED_ALGORITHM
 
 
 def _on_gpu(x: Buffer, out: Buffer | None = None) -> bool:
@@ -348,8 +357,9 @@ def allreduce(
 
     ``x``: a contiguous numpy array or torch tensor (CPU or CUDA), or a CuPy / numba device array, of
     float32, float64, float16, bfloat16, int32, int64, uint8 or int8. ``op``: sum, avg (floating types),
-    min, max, prod. ``algorithm``: ring, tree, direct, or auto: the one the cost model (pycoll.tuning)
-    predicts fastest for this size and world; on GPU memory also ``nccl`` (NCCL's own all-reduce, what
+    min, max, prod. ``algorithm``: ring, tree, direct, hierarchical, or auto: the one the cost model
+    (pycoll.tuning) predicts fastest for this size and world, and ``hierarchical`` on several hosts of
+    equal size with more than one rank each; on GPU memory also ``nccl`` (NCCL's own all-reduce, what
     auto means there). Every rank ends with bitwise-identical results.
 
     GPU memory: the work is enqueued on the caller's stream (torch's current stream; the stream a
@@ -359,7 +369,8 @@ def allreduce(
 
     ``compression``: None, "fp16", "bf16", "int8", "int4" or a ``pycoll.compression`` codec; needs float32,
     float16 or bfloat16 data and op sum or avg, and sums in float32. ``algorithm="auto"`` then means direct
-    (two-shot: each element quantized at most twice). ``compression="auto"``: the codec and algorithm the
+    (two-shot: each element quantized at most twice), or ``hierarchical`` where plain auto would pick it
+    (``auto_compressed_algorithm``). ``compression="auto"``: the codec and algorithm the
     cost model predicts fastest among no compression and the codecs whose expected relative error is
     within ``error_budget`` (default ``DEFAULT_ERROR_BUDGET``, 1e-3; integers, float64 and other
     operators are never compressed). ``residual``: error feedback, a float32 array like ``x`` or a
@@ -378,7 +389,7 @@ def allreduce(
         codec, res = _compression(c, compression, residual, buf, op)
     gpu = _on_gpu(buf)
     if codec is not None and algorithm == "auto":
-        algo = auto_algorithm or DEFAULT_COMPRESSED_ALGORITHM
+        algo = auto_algorithm or auto_compressed_algorithm(c)
     else:
         algo = _algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize, gpu)
     if codec is not None and algo == "nccl":

@@ -347,6 +347,17 @@ class Communicator:
             local_size=local_size,
         )
 
+    @property
+    def spans_equal_hosts(self) -> bool:
+        """Whether the ranks sit on several hosts with the same number (more than one) of ranks each,
+        numbered host by host: where ``algorithm="auto"`` all-reduces with ``hierarchical``."""
+        if len(set(self.hosts)) < 2:
+            return False
+        try:
+            return self._hierarchy() > 1
+        except InvalidUsageError:
+            return False
+
     def _hierarchy(self) -> int:
         """Ranks per host for ``hierarchical``: hosts must hold equally many ranks, numbered host by host
         (as torchrun, mpirun's default mapping, srun's block distribution and ``pycoll run`` number them)."""

@@ -461,6 +461,7 @@ def _variant(name: str, algorithm: str, op: str = "sum") -> benchmark.Variant:
     """pycoll's all-reduce with one ``--compression`` value and ``algorithm``, with its inputs."""
     import pycoll
     from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
+    from pycoll.api import auto_compressed_algorithm
     from pycoll.compression import get_codec
 
     codec = get_codec(name)
@@ -474,7 +475,10 @@ def _variant(name: str, algorithm: str, op: str = "sum") -> benchmark.Variant:
     def compressed(x: np.ndarray) -> None:
         pycoll.allreduce(x, op, algorithm=algorithm, compression=codec)
 
-    plan = DEFAULT_COMPRESSED_ALGORITHM if algorithm == "auto" else algorithm
+    plan = algorithm
+    if algorithm == "auto":  # the plan that runs decides the error bound
+        initialized = pycoll.is_initialized()
+        plan = auto_compressed_algorithm(pycoll.get_comm()) if initialized else DEFAULT_COMPRESSED_ALGORITHM
     inputs = CodecInputs(codec, plan, op=op)
     return benchmark.Variant(name, compressed, inputs, library="pycoll", algorithm=algorithm, op=op)
 
@@ -572,10 +576,10 @@ def run_worker(args: argparse.Namespace) -> int:
         def record_meta(result: benchmark.Result) -> Mapping[str, Any]:
             extra: dict[str, Any] = {"library_version": versions.get(result.library, result.library)}
             if result.library == "pycoll" and result.codec != "none":
-                from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
+                from pycoll.api import auto_compressed_algorithm
 
                 auto = result.algorithm == "auto"
-                extra["codec_algorithm"] = DEFAULT_COMPRESSED_ALGORITHM if auto else result.algorithm
+                extra["codec_algorithm"] = auto_compressed_algorithm(comm) if auto else result.algorithm
                 extra["codecs"] = codec_reprs
             return extra
 

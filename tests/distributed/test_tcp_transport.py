@@ -149,6 +149,36 @@ def test_compressed_hierarchical_matches_the_simulator_bitwise():
     assert results == [[]] * 4
 
 
+def _auto_across_hosts(comm, rank, world):
+    """What algorithm="auto" all-reduces with, told apart by the bits each plan's summation order gives."""
+    from pycoll.compression import Int8
+
+    x = np.random.default_rng([rank, 3]).standard_normal(50_000).astype(np.float32)
+    bits = {}
+    for algorithm in ("auto", "hierarchical", "ring", "direct"):
+        if algorithm == "hierarchical" and not comm.spans_equal_hosts:
+            continue
+        plain, packed = x.copy(), x.copy()
+        pycoll.allreduce(plain, algorithm=algorithm, comm=comm)
+        pycoll.allreduce(packed, algorithm=algorithm, compression=Int8(), comm=comm)
+        bits[algorithm] = tuple(hashlib.sha256(y.tobytes()).hexdigest() for y in (plain, packed))
+    return comm.spans_equal_hosts, bits
+
+
+@pytest.mark.parametrize("world,env", [(4, MIXED), (3, MIXED), (4, {})])
+def test_auto_is_hierarchical_on_several_equal_hosts(world, env):
+    with RankPool(world, env=env) as pool:
+        results = pool.run(_auto_across_hosts, timeout=120)
+    spans, bits = results[0]
+    assert all(r == results[0] for r in results), "ranks disagree"
+    assert spans == (world == 4 and env == MIXED)  # 2 hosts x 2; not 2 + 1, not one host
+    if spans:
+        assert bits["ring"][0] != bits["hierarchical"][0] != bits["direct"][0]  # the plans are told apart
+        assert bits["auto"] == bits["hierarchical"]  # plain and int8 alike
+    else:
+        assert bits["auto"][1] == bits["direct"][1]  # with a codec: two-shot
+
+
 def _float_results(comm, rank, world):
     out = []
     for algorithm in ALGORITHMS["allreduce"]:
