@@ -3,6 +3,7 @@ compiled. ``pycoll.init()`` makes one; the collectives in ``pycoll.api`` run on 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -347,10 +348,11 @@ class Communicator:
             local_size=local_size,
         )
 
-    @property
+    @functools.cached_property
     def spans_equal_hosts(self) -> bool:
         """Whether the ranks sit on several hosts with the same number (more than one) of ranks each,
-        numbered host by host: where ``algorithm="auto"`` all-reduces with ``hierarchical``."""
+        numbered host by host: where ``algorithm="auto"`` all-reduces with ``hierarchical``. Asked on
+        every auto all-reduce, and the hosts never change: worked out once."""
         if len(set(self.hosts)) < 2:
             return False
         try:

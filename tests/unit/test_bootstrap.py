@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _threads
 import pytest
 
 from pycoll.bootstrap.env import (
@@ -78,23 +79,7 @@ def child_env() -> dict[str, str]:
 
 
 def run_threads(fns: list[Any], timeout: float = DEADLINE) -> list[Any]:
-    """Run callables in threads; return their results or raised exceptions (never hangs)."""
-    results: list[Any] = [None] * len(fns)
-
-    def wrap(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as exc:  # noqa: BLE001
-            results[i] = exc
-
-    threads = [threading.Thread(target=wrap, args=(i,), daemon=True) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), "threads still running past the deadline"
-    return results
+    return _threads.run_threads(fns, timeout)
 
 
 # --------------------------------------------------------------------------------------------------

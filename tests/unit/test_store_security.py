@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import _threads
 import pytest
 
 from pycoll.bootstrap.env import LaunchInfo, explicit_launch
@@ -473,23 +474,8 @@ def test_warnings_are_rate_limited_but_every_drop_is_counted(open_server, warnin
 
 
 # ---- rendezvous with a secret --------------------------------------------------------------------------
-def run_threads(fns: list[Callable[[], Any]], timeout: float = DEADLINE) -> list[Any]:
-    results: list[Any] = [None] * len(fns)
-
-    def wrap(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as exc:  # noqa: BLE001
-            results[i] = exc
-
-    threads = [threading.Thread(target=wrap, args=(i,), daemon=True) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
-    assert not any(t.is_alive() for t in threads), "threads still running past the deadline"
-    return results
+def run_threads(fns: list[Any], timeout: float = DEADLINE) -> list[Any]:
+    return _threads.run_threads(fns, timeout)
 
 
 def close_all(results: list[Any]) -> None:
