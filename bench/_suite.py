@@ -33,12 +33,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pycoll.bootstrap.spawn import module_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,7 +159,7 @@ class Grid:
     def command(self, world: int, json_path: str) -> list[str]:
         """The job measuring every point of ``world``: ``pycoll bench`` with all variants."""
         low, high, factor = self.sweep()
-        cmd = [sys.executable, "-m", "pycoll.cli.bench", "--ranks", str(world)]
+        cmd = module_command("pycoll.cli.bench", ["--ranks", str(world)])
         cmd += ["-b", str(low), "-e", str(high), "-f", str(factor)]
         cmd += ["--algorithm", ",".join(self.algorithms), "--compression", ",".join(self.codecs)]
         baselines = self.available_baselines(world)

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from pycoll.bootstrap.spawn import module_command
+
 REPO = Path(__file__).resolve().parents[1]
 CODECS = ("fp16", "bf16", "int8", "int4")
 ALGORITHMS = ("direct", "ring", "tree")
@@ -142,9 +144,10 @@ def worker(args: argparse.Namespace) -> int:
 
 def _launch_accuracy(world: int, parts: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     out = os.path.join(tmp, f"accuracy-{world}.json")
-    cmd = [sys.executable, "-m", "pycoll.run", "-n", str(world), str(Path(__file__).resolve()), "--worker",
-           "--out", out, "--count", str(args.count), "--trials", str(args.trials), "--parts", parts,
-           "--block-worlds", ",".join(map(str, args.block_worlds))]
+    worker = [str(Path(__file__).resolve()), "--worker", "--out", out, "--count", str(args.count),
+              "--trials", str(args.trials), "--parts", parts,
+              "--block-worlds", ",".join(map(str, args.block_worlds))]
+    cmd = module_command("pycoll.run", ["-n", str(world), *worker])
     subprocess.run(cmd, cwd=REPO, check=True)
     return json.loads(Path(out).read_text())
 
@@ -204,8 +207,8 @@ def table_b(runs: dict[int, dict[str, Any]], block_worlds: list[int]) -> str:
 
 
 def _run_bench(ranks: int, size: int, out: str) -> list[dict[str, Any]]:
-    cmd = [sys.executable, "-m", "pycoll.cli.bench", "--ranks", str(ranks), "-b", str(size), "-e", str(size),
-           "--compression", ",".join(BENCH_CODECS), "--json", out]
+    cmd = module_command("pycoll.cli.bench", ["--ranks", str(ranks), "-b", str(size), "-e", str(size),
+                                              "--compression", ",".join(BENCH_CODECS), "--json", out])
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
 

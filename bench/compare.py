@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from pycoll import benchmark as bm  # noqa: E402  (numpy only: no native module needed here)
 from pycoll.baselines import mpirun_command  # noqa: E402
+from pycoll.bootstrap.spawn import module_command  # noqa: E402
 
 LIBRARIES = ("pycoll", "mpi", "gloo")
 LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo"}
@@ -94,7 +95,8 @@ def command_for(library: str, world: int, json_path: str, args: argparse.Namespa
     py = sys.executable
     flags = [*sweep_flags(args), "--json", json_path]
     if library == "pycoll":
-        return [py, "-m", "pycoll.cli.bench", "--ranks", str(world), "--algorithm", args.algorithm, *flags]
+        return module_command("pycoll.cli.bench", ["--ranks", str(world), "--algorithm", args.algorithm,
+                                                    *flags])
     if library == "mpi":
         script = str(HERE / "baselines" / "mpi_allreduce.py")
         return mpirun_command(world, [py, script, *flags])

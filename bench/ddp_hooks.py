@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pycoll.bootstrap.spawn import module_command
+
 HOOKS = ("ddp", "none", "fp16", "bf16", "int8", "int4", "powersgd", "no_sync")
 LABELS = {
     "ddp": "DDP default (gloo allreduce)",
@@ -73,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _launch(argv: list[str], ranks: int) -> int:
     """Not under a launcher: start ``ranks`` copies of this script with ``pycoll run``."""
-    cmd = [sys.executable, "-m", "pycoll.run", "-n", str(ranks), str(Path(__file__).resolve()), *argv]
+    cmd = module_command("pycoll.run", ["-n", str(ranks), str(Path(__file__).resolve()), *argv])
     return subprocess.call(cmd)
 
 

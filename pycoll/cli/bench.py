@@ -59,6 +59,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pycoll import benchmark  # numpy-free at import time; numpy loads when the sweep runs
+from pycoll.bootstrap.spawn import module_command
 
 if TYPE_CHECKING:
     import numpy as np
@@ -318,10 +319,10 @@ def _preflight(args: argparse.Namespace, launcher: bool) -> str | None:
 
 
 def launch_command(args: argparse.Namespace) -> list[str]:
-    """The command that starts the ranks: ``mpirun ... python -m pycoll.cli.bench --worker ...`` with
-    ``--baseline mpi``, else ``python -m pycoll.cli.bench --worker ...`` (started ``--ranks`` times by
-    ``pycoll run``'s launcher)."""
-    argv = [sys.executable, "-m", "pycoll.cli.bench", "--worker", *worker_arguments(args)]
+    """The command that starts the ranks: ``pycoll.cli.bench --worker ...`` of the pycoll running this
+    (``module_command``: never a source tree in the current directory), under ``mpirun`` with
+    ``--baseline mpi``, else started ``--ranks`` times by ``pycoll run``'s launcher."""
+    argv = module_command("pycoll.cli.bench", ["--worker", *worker_arguments(args)])
     if "mpi" in _listed(args, "baseline", []):
         from pycoll.baselines import mpirun_command
 

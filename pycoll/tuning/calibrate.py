@@ -54,6 +54,7 @@ __all__ = [
     "last_level_cache_bytes",
     "shm_fragment_bytes",
     "shm_segment_bytes",
+    "starting_model",
     "tuning_file",
 ]
 
@@ -122,11 +123,21 @@ def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
 # Fitting.
 
 
+def starting_model(workers: int | None = None, cache_bytes: int | None = None) -> Model:
+    """Where ``fit`` starts by default: the built-in shared-memory profile with ``workers`` cores and a
+    last-level cache of ``cache_bytes``, by default this machine's (usable CPUs; the cache from sysfs)."""
+    link = link_named("shm")
+    device = device_for(link, workers or usable_cpus())
+    cache = cache_bytes or last_level_cache_bytes() or device.cache_bytes
+    return Model(link, replace(device, cache_bytes=cache), shm_segment_bytes(2))
+
+
 def fit(
     measurements: Sequence[Measurement], base: Model | None = None, *, workers: int | None = None
 ) -> tuple[Model, dict[str, Any]]:
     """The shared-memory model whose predictions best match ``measurements`` (see the module docstring),
-    and a report: fitted values, and the relative error of every point.
+    and a report: fitted values, and the relative error of every point. The fit starts from ``base``,
+    by default ``starting_model(workers)``.
 
     A prediction is ``Model.weights . composition`` of the plans' critical path (``Model.timing``), and
     which ops form that path depends on the parameters only a little. So the fit alternates: run the
@@ -143,14 +154,7 @@ def fit(
     measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
-    if base is None:
-        link = link_named("shm")
-        device = device_for(link, workers or usable_cpus())
-        base = Model(
-            link,
-            replace(device, cache_bytes=last_level_cache_bytes() or device.cache_bytes),
-            shm_segment_bytes(2),
-        )
+    base = base or starting_model(workers)
     device = base.device
     workers_n = device.workers or 1
     kinds = sorted({codec_layout(m.codec)[0] for m in measurements} - {"none"})
@@ -163,7 +167,12 @@ def fit(
         for kind in ("efficiency", "memory_efficiency", "latency_efficiency")
         for a, w in others
     ]
-    start = [float(device.cache_bytes or 32 << 20), base.link.alpha_s, device.copy_Bps]
+    # The cache starts where the measurements can see it: below the largest working set (the ranks'
+    # buffers together). From above every working set (a 300 MiB last-level cache read from sysfs, say,
+    # against 4 x 64 MiB) no point misses it, nothing moves the fit and memory_Bps stays unfitted.
+    largest = max(m.world * m.bytes for m in measurements)
+    cache_start = min(float(device.cache_bytes or 32 << 20), largest / 2)
+    start = [cache_start, base.link.alpha_s, device.copy_Bps]
     start += [device.memory_Bps or device.copy_Bps, 1.0, device.switch_s or 5e-6, device.message_s or 1e-6]
     x = np.log(start + [1.0] * (3 * len(others)))
 
@@ -459,6 +468,7 @@ def measure_rounds(
     of each round. ``algorithms`` may include "auto" and ``codecs`` "auto" (``compression="auto"``
     with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a ``PYCOLL_TUNING_FILE``
     for auto to choose by)."""
+    from pycoll.bootstrap.spawn import module_command
     from pycoll.cli.run import launch
 
     out: list[list[Measurement]] = []
@@ -467,26 +477,26 @@ def measure_rounds(
             points: list[Measurement] = []
             for world in worlds:
                 path = os.path.join(tmp, f"world{world}-{round_}.jsonl")
-                cmd = [
-                    sys.executable,
-                    "-m",
+                cmd = module_command(
                     "pycoll.tuning.calibrate",
-                    "--worker",
-                    "--out",
-                    path,
-                    "-b",
-                    str(min_bytes),
-                    "-e",
-                    str(max_bytes),
-                    "-f",
-                    str(factor),
-                    "--algorithms",
-                    ",".join(algorithms),
-                    "--codecs",
-                    ",".join(codecs),
-                    "--error-budget",
-                    repr(error_budget),
-                ]
+                    [
+                        "--worker",
+                        "--out",
+                        path,
+                        "-b",
+                        str(min_bytes),
+                        "-e",
+                        str(max_bytes),
+                        "-f",
+                        str(factor),
+                        "--algorithms",
+                        ",".join(algorithms),
+                        "--codecs",
+                        ",".join(codecs),
+                        "--error-budget",
+                        repr(error_budget),
+                    ],
+                )
                 if log:
                     log(
                         f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "

