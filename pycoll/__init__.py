@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from pycoll import _missing_native
+from pycoll._version import __version__ as __version__
 from pycoll.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -23,7 +25,8 @@ from pycoll.errors import (
     PycollError,
 )
 
-__version__ = "0.1.0"
+# A missing native module (a source tree that was never built) is reported as what it is.
+_missing_native.install()
 
 # Silent by default: warnings (a dropped rendezvous connection, a watchdog abort) reach the application's
 # logging configuration, or stderr through PYCOLL_DEBUG, never Python's last-resort handler.

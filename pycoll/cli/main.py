@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from pycoll._version import __version__
+
 __all__ = ["SUBCOMMANDS", "add_command", "build_parser", "main"]
 
 #: (command name, module defining ``add_parser``), in the order ``pycoll --help`` lists them.
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pycoll", description="pycoll: collective communication with compression."
     )
+    parser.add_argument("--version", action="version", version=f"pycoll {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     subparsers.required = True
     for name, module in SUBCOMMANDS:
