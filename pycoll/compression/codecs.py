@@ -35,8 +35,8 @@ MIN_BLOCK, MAX_BLOCK = 8, 4096
 #: Input dtypes every codec accepts (accumulation is always float32).
 CODEC_DTYPES = ("float32", "float16", "bfloat16")
 
-# Defaults chosen from the error-vs-wire-bytes table in the README ("Choosing block sizes"): the largest
-# blocks whose two-shot error on Gaussian data stays >= 10% under the targets (int8 1%, int4 15%) at
+# Defaults chosen from the error-vs-wire-bytes table in docs/compression.md ("Choosing block sizes"): the
+# largest blocks whose two-shot error on Gaussian data stays >= 10% under the targets (int8 1%, int4 15%) at
 # any world size (it tends to sqrt(2) x one quantization's error as the world grows).
 DEFAULT_INT8_BLOCK = 64
 DEFAULT_INT4_BLOCK = 32

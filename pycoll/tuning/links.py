@@ -37,7 +37,7 @@ over NVLink and PCIe, 10+ us over the network) and of a kernel TCP round trip wi
 GPU devices: HBM bandwidth from NVIDIA's datasheets (A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s), copies
 and reductions at 0.8 of it, codecs at 0.7 (the GPU issue's kernel targets; not measured yet). The CPU
 device's defaults were measured on the development VM (2 vCPUs, shared memory; see
-``pycoll.tuning.calibrate`` and the README's "Tuning" section): ``pycoll bench --calibrate``
+``pycoll.tuning.calibrate`` and docs/tuning.md): ``pycoll bench --calibrate``
 replaces them with this machine's figures.
 """
 
@@ -164,7 +164,7 @@ def _gpu(name: str, hbm_Bps: float, source: str) -> DeviceProfile:
 
 
 #: The CPU of the development VM (2 vCPUs), fitted by ``bench/validate_model.py`` on 2026-11-29 (2, 3
-#: and 4 ranks, 4 KiB..64 MiB; README, "Tuning"). Codec rates: bench/codec_throughput.py's one-core
+#: and 4 ranks, 4 KiB..64 MiB; docs/tuning.md). Codec rates: bench/codec_throughput.py's one-core
 #: figures times the fitted 1.48 (data in cache inside a collective). ``pycoll bench --calibrate``
 #: replaces all of this with the current machine's figures.
 CPU_DEFAULT = DeviceProfile(

@@ -394,7 +394,7 @@ class Prediction:
 
 
 # Relative L2 error of the compressed all-reduce, Gaussian inputs, nearest rounding, default blocks,
-# measured by bench/codec_accuracy.py (README, "Compression"): codec -> algorithm -> {world: error}.
+# measured by bench/codec_accuracy.py (docs/compression.md): codec -> algorithm -> {world: error}.
 _MEASURED_ERROR: dict[str, dict[str, dict[int, float]]] = {
     "fp16": {
         "direct": {2: 2.5e-4, 4: 2.8e-4, 8: 2.8e-4},

@@ -122,7 +122,7 @@ def test_final_loss_matches_default_ddp(rank_pool, case: str) -> None:
 
 
 def test_loss_table(rank_pool) -> None:
-    """Every case has run by now (cached): print the table the README quotes."""
+    """Every case has run by now (cached): print the table docs/ddp.md quotes."""
     print("\n" + loss_table(rank_pool(WORLD)))
 
 
