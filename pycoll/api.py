@@ -480,7 +480,7 @@ def reduce_scatter(
 ) -> Union[T, Work]:
     """``out`` on rank r becomes chunk r of the reduction of every rank's ``x``.
 
-    ``x`` holds world_size * out.size elements (chunk r is x.flat[r*m:(r+1)*m]); it is not modified.
+    ``x`` holds world_size * out.size elements (chunk r is ``x.flat[r*m:(r+1)*m]``); it is not modified.
     """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)

@@ -126,9 +126,15 @@ class Communicator:
         self._store.set(f"host/{rank}", host_id(settings).encode())
         #: Every rank's host id, in rank order.
         self.hosts: list[str] = [self._store.get(f"host/{r}", timeout).decode() for r in range(world_size)]
-        #: This rank's index among the ranks of its host and their count; this host's index among the
-        #: distinct hosts (ordered by their lowest rank) and their count.
-        self.local_rank, self.local_world_size, self.node_rank, self.num_nodes = host_layout(self.hosts, rank)
+        layout = host_layout(self.hosts, rank)
+        #: This rank's index among the ranks of its host.
+        self.local_rank: int = layout[0]
+        #: The number of ranks on this rank's host.
+        self.local_world_size: int = layout[1]
+        #: This host's index among the distinct hosts, ordered by their lowest rank.
+        self.node_rank: int = layout[2]
+        #: The number of distinct hosts.
+        self.num_nodes: int = layout[3]
         #: How this rank's messages travel: "shm" (every rank on this host), "tcp" (every peer over TCP:
         #: PYCOLL_TRANSPORT=tcp, or one rank per host) or "mixed" (shared memory to this host's ranks, TCP to
         #: the others).
