@@ -47,7 +47,11 @@ def message(package_dir: str) -> str:
             f"{sys.version_info.major}.{sys.version_info.minor})"
         )
     if is_source_tree(root):
-        here = " (the current directory, which Python searches first)" if os.path.samefile(root, ".") else ""
+        try:
+            in_cwd = os.path.samefile(root, ".")
+        except OSError:  # the current directory was removed
+            in_cwd = False
+        here = " (the current directory, which Python searches first)" if in_cwd else ""
         return (
             f"you are importing pycoll from its source tree at {root}{here}, which has no built native "
             f"module pycoll._C{found}. To use the installed pycoll, run Python from another directory "

@@ -154,7 +154,8 @@ def fit(
     measurements = [m for m in measurements if "auto" not in (m.algorithm, m.codec)]
     if not measurements:
         raise ValueError("no measurements to fit")
-    base = base or starting_model(workers)
+    if base is None:
+        base = starting_model(workers)
     device = base.device
     workers_n = device.workers or 1
     kinds = sorted({codec_layout(m.codec)[0] for m in measurements} - {"none"})

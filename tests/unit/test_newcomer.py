@@ -6,6 +6,7 @@ CI also walks the path itself (``.ci/run newcomer``: a fresh clone, a fresh venv
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata
 import os
 import subprocess
@@ -135,8 +136,12 @@ def test_an_installed_pycoll_without_its_native_module_says_reinstall(tmp_path: 
 
 
 def test_the_finder_answers_only_for_the_native_module() -> None:
-    finder = next(f for f in sys.meta_path if isinstance(f, _missing_native._MissingNativeFinder))
-    assert sys.meta_path[-1] is finder or finder in sys.meta_path
+    kinds = [type(f) for f in sys.meta_path]
+    ours = kinds.index(_missing_native._MissingNativeFinder)
+    finder = sys.meta_path[ours]
+    assert kinds.count(_missing_native._MissingNativeFinder) == 1
+    # After the path finder, so after whatever the installed or source-tree pycoll provides.
+    assert ours > sys.meta_path.index(importlib.machinery.PathFinder)
     assert finder.find_spec("pycoll.api") is None and finder.find_spec("numpy") is None
     assert not _missing_native.is_source_tree(str(PACKAGE_DIR))
 
