@@ -156,4 +156,11 @@ def test_one_version_for_the_package_the_metadata_and_the_command(tmp_path: Path
     assert importlib.metadata.version("pycoll") == __version__
     proc = _run(module_command("pycoll.cli.main", ["--version"]), tmp_path)
     assert proc.stdout.strip() == f"pycoll {__version__}"
-    assert os.environ.get("PYCOLL_TUNING_FILE") == "none"  # tests/conftest.py: no machine's calibration
+
+
+def test_the_suite_ignores_the_shells_settings_and_this_machines_calibration() -> None:
+    """tests/conftest.py: no PYCOLL_* setting of the developer's shell, no calibration file of the
+    machine (which would steer algorithm="auto") reaches the tests or the ranks they start."""
+    kept = {"PYCOLL_DEBUG", "PYCOLL_CUDA", "PYCOLL_CUDA_ARCHS", "PYCOLL_BUILD_TYPE", "PYCOLL_TUNING_FILE"}
+    assert os.environ.get("PYCOLL_TUNING_FILE") == "none"
+    assert {n for n in os.environ if n.startswith("PYCOLL_")} <= kept
