@@ -1,254 +1,81 @@
-"""Key-value stores for rendezvous, shaped like ``torch.distributed.Store``.
+"""``TCPStoreServer``: the rendezvous key-value store, served from a daemon thread.
 
-``TCPStoreServer`` keeps a dict in a daemon thread and serves any number of ``TCPStoreClient``\\ s over
-one ``selectors`` loop. Blocking reads (``get``/``wait`` on keys that do not exist yet) are parked on
-the server and answered the moment a ``set``/``add`` creates the key, or when the deadline the client
-sent passes: clients never poll.
-
-Wire protocol (all integers big-endian). Every message, both ways, is one *frame*::
-
-    frame    = u32 body_length, body            (1 <= body_length <= MAX_FRAME; 1024 in the handshake)
-    request  = u8 op, fields...
-    reply    = u8 status, fields...             (status: OK, TIMEOUT, ERROR)
-    str/blob = u32 length, bytes                (keys are UTF-8)
-    keys     = u32 count, str * count
-    seconds  = f64                              (negative: no deadline)
-
-    op        request fields        OK reply fields          other replies
-    HELLO     blob magic, u8 auth   blob magic, u8 auth,     ERROR str message (other protocol version)
-                                    blob server_nonce
-    AUTH      blob client_nonce,    blob server_proof        ERROR str message (wrong secret)
-              blob client_proof
-    SET       str key, blob value   -
-    GET       str key, seconds      blob value               TIMEOUT
-    ADD       str key, i64 amount   i64 new value            ERROR str message (value not an integer)
-    WAIT      keys, seconds         -                        TIMEOUT keys (the ones still missing)
-    DELETE    str key               u8 existed
-    CHECK     keys                  u8 all exist
-
-Handshake. A connection must first send HELLO (``auth`` 1: the client holds a secret, 0: it does not);
-the server answers with its own ``auth`` and, when it holds a secret, a fresh 32-byte ``server_nonce``.
-When the two ``auth`` values differ both sides give up (the client with a message that says which side
-lacks the secret). With a secret ``k`` the client then sends AUTH with its own 32-byte nonce and
-``client_proof = HMAC-SHA256(k, "pycoll-store client" || server_nonce || client_nonce || magic)``; the
-server checks it (constant-time) and proves itself back with the same MAC under ``"pycoll-store
-server"``, which the client checks, so neither side talks on to a peer that does not know ``k``. The
-secret itself never crosses the wire. This authenticates connections; it does not encrypt them.
+It keeps a dict and serves any number of ``TCPStoreClient``\\ s (``client.py``) over one
+``selectors`` loop. Blocking reads (``get``/``wait`` on keys that do not exist yet) are parked on the
+server and answered the moment a ``set``/``add`` creates the key, or when the deadline the client sent
+passes: clients never poll. It speaks the wire protocol of ``protocol.py``, which it imports as the
+client does; server and client never import each other.
 
 Only after the handshake are other ops served. A connection that has not finished the handshake within
 ``handshake_timeout`` seconds, sends bytes that do not parse (garbage, an unknown op, a length out of
 range, a truncated frame), fails authentication, does not read its replies (more than
 ``max_pending_output`` bytes queued for it) or piles more than 1 MiB behind a request still waiting for
-its reply is dropped and logged as a warning on the ``pycoll``
-logger (``pycoll.bootstrap``) naming its address; the server keeps serving everyone else, and nothing
-it does for one connection blocks. Counters written by ``add`` are stored as ASCII decimal, as torch
-does, so ``get`` of a counter returns e.g. ``b"3"``.
+its reply is dropped and logged as a warning on the ``pycoll`` logger (``pycoll.bootstrap``) naming its
+address; the server keeps serving everyone else, and nothing it does for one connection blocks.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import math
 import secrets
 import selectors
 import socket
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
-from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any
 
-from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PeerLostError
+from pycoll.bootstrap.store.protocol import (
+    _AUTH_HMAC,
+    _AUTH_NONE,
+    _CLIENT_TAG,
+    _I64,
+    _MAGIC,
+    _MAGIC_FAMILY,
+    _MAX_HANDSHAKE_FRAME,
+    _NONCE_BYTES,
+    _OP_ADD,
+    _OP_AUTH,
+    _OP_CHECK,
+    _OP_DELETE,
+    _OP_GET,
+    _OP_HELLO,
+    _OP_SET,
+    _OP_WAIT,
+    _SERVER_TAG,
+    _ST_ERROR,
+    _ST_OK,
+    _ST_TIMEOUT,
+    _U8,
+    _U32,
+    MAX_FRAME,
+    _check_secret,
+    _enc_blob,
+    _enc_keys,
+    _enc_str,
+    _fmt_seconds,
+    _proof,
+    _ProtocolError,
+    _Reader,
+)
+from pycoll.errors import InvalidUsageError
 
-__all__ = [
-    "DEFAULT_HANDSHAKE_TIMEOUT",
-    "DEFAULT_MAX_PENDING_OUTPUT",
-    "DEFAULT_TIMEOUT",
-    "MAX_FRAME",
-    "PrefixStore",
-    "Store",
-    "TCPStoreClient",
-    "TCPStoreServer",
-    "TorchStoreAdapter",
-]
+__all__ = ["DEFAULT_HANDSHAKE_TIMEOUT", "DEFAULT_MAX_PENDING_OUTPUT", "TCPStoreServer"]
 
 logger = logging.getLogger("pycoll.bootstrap")
-
-#: Default deadline (seconds) of a store operation when neither the call nor the client gives one.
-DEFAULT_TIMEOUT = 300.0
-#: Largest frame either side accepts; a peer announcing more is dropped (it is not speaking our protocol).
-MAX_FRAME = 256 * 1024 * 1024
 
 #: Seconds a new connection has to complete the handshake before the server drops it.
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 #: Bytes of replies the server queues for a connection that is not reading them before it drops it
 #: (one reply of any size is always queued: a client that waits for each reply never comes near this).
 DEFAULT_MAX_PENDING_OUTPUT = 4 * 1024 * 1024
-
-# Version 2 added the authenticated handshake (HELLO carries the auth mode, then AUTH).
-_MAGIC = b"pycoll-store/2"
-_MAGIC_FAMILY = b"pycoll-store/"
-# Frames before the handshake is complete are small: an unauthenticated peer cannot make the server
-# buffer more than this.
-_MAX_HANDSHAKE_FRAME = 1024
 # Bytes a connection may send beyond a parked (blocking) request of its own; our client never does.
 _MAX_PIPELINED = 1024 * 1024
-_NONCE_BYTES = 32
-_AUTH_NONE = 0
-_AUTH_HMAC = 1
-_CLIENT_TAG = b"pycoll-store client"
-_SERVER_TAG = b"pycoll-store server"
 # At most this many drop warnings per minute; the rest are counted and summarised (an attacker must not
 # be able to flood the job's log).
 _MAX_WARNINGS_PER_MINUTE = 50
-
-_OP_HELLO = 0
-_OP_SET = 1
-_OP_GET = 2
-_OP_ADD = 3
-_OP_WAIT = 4
-_OP_DELETE = 5
-_OP_CHECK = 6
-_OP_AUTH = 7
-
-_ST_OK = 0
-_ST_TIMEOUT = 1
-_ST_ERROR = 2
-
-_U8 = struct.Struct(">B")
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_F64 = struct.Struct(">d")
-
-# How much longer than the server-side deadline a client waits for the reply before it gives up on the
-# server itself (a wedged host, a black-holed network).
-_REPLY_GRACE = 10.0
-
-
-@runtime_checkable
-class Store(Protocol):
-    """What pycoll needs from a rendezvous key-value store (the shape of ``torch.distributed.Store``).
-
-    ``timeout=None`` means the store's own default deadline; no operation waits forever.
-    """
-
-    def set(self, key: str, value: bytes) -> None: ...
-
-    def get(self, key: str, timeout: float | None = None) -> bytes: ...
-
-    def add(self, key: str, amount: int) -> int: ...
-
-    def wait(self, keys: list[str], timeout: float | None = None) -> None: ...
-
-    def delete(self, key: str) -> bool: ...
-
-    def close(self) -> None: ...
-
-
-# --------------------------------------------------------------------------------------------------
-# Encoding
-
-
-class _ProtocolError(Exception):
-    """Bytes that are not a valid message of this protocol."""
-
-
-def _enc_blob(data: bytes) -> bytes:
-    return _U32.pack(len(data)) + data
-
-
-def _enc_str(text: str) -> bytes:
-    return _enc_blob(text.encode("utf-8"))
-
-
-def _enc_keys(keys: Iterable[str]) -> bytes:
-    keys = list(keys)
-    return _U32.pack(len(keys)) + b"".join(_enc_str(k) for k in keys)
-
-
-def _frame(body: bytes) -> bytes:
-    if len(body) > MAX_FRAME:
-        raise InvalidUsageError(
-            f"store message of {len(body)} bytes exceeds the limit of {MAX_FRAME} bytes; "
-            "store large data elsewhere and put only a reference in the store"
-        )
-    return _U32.pack(len(body)) + body
-
-
-class _Reader:
-    """Sequential decoder over one frame body; any underflow or bad value raises _ProtocolError."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self._pos = 0
-
-    def _take(self, n: int) -> bytes:
-        end = self._pos + n
-        if n < 0 or end > len(self._data):
-            raise _ProtocolError("truncated message")
-        chunk = self._data[self._pos : end]
-        self._pos = end
-        return chunk
-
-    def u8(self) -> int:
-        return int(_U8.unpack(self._take(1))[0])
-
-    def u32(self) -> int:
-        return int(_U32.unpack(self._take(4))[0])
-
-    def i64(self) -> int:
-        return int(_I64.unpack(self._take(8))[0])
-
-    def f64(self) -> float:
-        value = float(_F64.unpack(self._take(8))[0])
-        if math.isnan(value):
-            raise _ProtocolError("NaN deadline")
-        return value
-
-    def blob(self) -> bytes:
-        return self._take(self.u32())
-
-    def text(self) -> str:
-        try:
-            return self.blob().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _ProtocolError("key is not UTF-8") from exc
-
-    def keys(self) -> list[str]:
-        count = self.u32()
-        if count > len(self._data):  # each key takes at least 4 bytes: cheap sanity bound
-            raise _ProtocolError("key count larger than the message")
-        return [self.text() for _ in range(count)]
-
-    def end(self) -> None:
-        if self._pos != len(self._data):
-            raise _ProtocolError("trailing bytes after message")
-
-
-def _fmt_seconds(seconds: float) -> str:
-    return f"{seconds:.2f} s"
-
-
-def _check_secret(secret: bytes | str | None) -> bytes | None:
-    if secret is None:
-        return None
-    if isinstance(secret, str):
-        secret = secret.encode("utf-8")
-    if not isinstance(secret, (bytes, bytearray, memoryview)):
-        raise InvalidUsageError(
-            f"the rendezvous secret must be bytes, str or None, got {type(secret).__name__}"
-        )
-    if not secret:
-        raise InvalidUsageError("the rendezvous secret must not be empty (pass None for no secret)")
-    return bytes(secret)
-
-
-def _proof(secret: bytes, tag: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """HMAC-SHA256 over both nonces and the protocol magic; ``tag`` keeps the two directions apart."""
-    return hmac.new(secret, tag + server_nonce + client_nonce + _MAGIC, hashlib.sha256).digest()
 
 
 def _peer_text(peer: Any) -> str:
@@ -256,10 +83,6 @@ def _peer_text(peer: Any) -> str:
         host = str(peer[0])
         return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
     return str(peer)
-
-
-# --------------------------------------------------------------------------------------------------
-# Server
 
 
 class _Conn:
@@ -827,417 +650,3 @@ class TCPStoreServer:
             conn.writing = want_write
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
             self._sel.modify(conn.sock, events, conn)
-
-
-# --------------------------------------------------------------------------------------------------
-# Client
-
-
-class TCPStoreClient:
-    """Client of a ``TCPStoreServer``.
-
-    The constructor connects, retrying with exponential backoff until ``connect_timeout`` (default:
-    ``timeout``) has passed, so clients may start before the server. ``timeout`` is the default
-    deadline of every operation. One client may be shared by threads; its requests are serialized
-    (a blocking ``get`` holds the connection until it returns).
-
-    ``secret`` must match the server's (both None, or the same bytes): the client proves it holds the
-    secret and checks that the server does too. A mismatch raises InvalidUsageError at once (it is
-    not retried).
-    """
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        timeout: float = DEFAULT_TIMEOUT,
-        *,
-        connect_timeout: float | None = None,
-        secret: bytes | None = None,
-    ) -> None:
-        if timeout < 0:
-            raise InvalidUsageError(f"store timeout must be >= 0 seconds, got {timeout}")
-        self._secret = _check_secret(secret)
-        self.host = host
-        self.port = int(port)
-        self.timeout = float(timeout)
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._lost = False
-        self._closed = False
-        self._connect(self.timeout if connect_timeout is None else connect_timeout)
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    # -- public API -----------------------------------------------------------------------------------
-
-    def set(self, key: str, value: bytes) -> None:
-        self._request(bytes([_OP_SET]) + _enc_str(key) + _enc_blob(_as_bytes(value)), key)
-
-    def get(self, key: str, timeout: float | None = None) -> bytes:
-        seconds = self._timeout(timeout)
-        start = time.monotonic()
-        status, reply = self._request(
-            bytes([_OP_GET]) + _enc_str(key) + _F64.pack(seconds), key, wait=seconds
-        )
-        if status == _ST_TIMEOUT:
-            raise self._timeout_error([key], time.monotonic() - start)
-        value = reply.blob()
-        reply.end()
-        return value
-
-    def add(self, key: str, amount: int) -> int:
-        status, reply = self._request(bytes([_OP_ADD]) + _enc_str(key) + _I64.pack(int(amount)), key)
-        if status == _ST_ERROR:
-            raise InvalidUsageError(
-                f"store add({key!r}): {reply.text()} (at {self.address}); add() needs a counter key"
-            )
-        return reply.i64()
-
-    def wait(self, keys: list[str], timeout: float | None = None) -> None:
-        keys = list(keys)
-        seconds = self._timeout(timeout)
-        start = time.monotonic()
-        status, reply = self._request(
-            bytes([_OP_WAIT]) + _enc_keys(keys) + _F64.pack(seconds), ", ".join(keys), wait=seconds
-        )
-        if status == _ST_TIMEOUT:
-            raise self._timeout_error(reply.keys(), time.monotonic() - start)
-
-    def check(self, keys: list[str]) -> bool:
-        """True if every key exists now (never blocks)."""
-        _, reply = self._request(bytes([_OP_CHECK]) + _enc_keys(keys), ", ".join(keys))
-        return bool(reply.u8())
-
-    def delete(self, key: str) -> bool:
-        """Remove ``key``; True if it existed."""
-        _, reply = self._request(bytes([_OP_DELETE]) + _enc_str(key), key)
-        return bool(reply.u8())
-
-    def close(self) -> None:
-        self._closed = True
-        with self._lock:
-            self._disconnect()
-
-    def __enter__(self) -> TCPStoreClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"TCPStoreClient({self.address!r}, timeout={self.timeout})"
-
-    # -- internals ------------------------------------------------------------------------------------
-
-    def _timeout(self, timeout: float | None) -> float:
-        seconds = self.timeout if timeout is None else float(timeout)
-        if not seconds >= 0 or math.isinf(seconds):
-            raise InvalidUsageError(f"store timeout must be a finite number of seconds >= 0, got {timeout}")
-        return seconds
-
-    def _timeout_error(self, keys: list[str], waited: float) -> CollectiveTimeoutError:
-        what = f"key {keys[0]!r}" if len(keys) == 1 else f"keys {keys!r}"
-        return CollectiveTimeoutError(
-            f"timed out after {_fmt_seconds(waited)} waiting for {what} in the rendezvous store at "
-            f"{self.address} (a rank that should set it has not done so: is it still running?)"
-        )
-
-    def _lost_error(self, detail: str) -> PeerLostError:
-        return PeerLostError(
-            f"rendezvous store at {self.address} closed the connection ({detail}); "
-            "the process hosting it (rank 0 or the launcher) has probably exited",
-            rank=0,
-        )
-
-    def _connect(self, connect_timeout: float) -> None:
-        start = time.monotonic()
-        deadline = start + max(0.0, connect_timeout)
-        delay = 0.01
-        attempts = 0
-        last_error = "no attempt made"
-        while True:
-            attempts += 1
-            remaining = deadline - time.monotonic()
-            sock: socket.socket | None = None
-            try:
-                sock = socket.create_connection(
-                    (self.host, self.port), timeout=max(0.05, min(remaining, 5.0))
-                )
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.settimeout(max(0.05, min(deadline - time.monotonic(), 10.0)))
-                self._handshake(sock)
-                sock.settimeout(None)
-                self._sock = sock
-                return
-            except (OSError, _ProtocolError, EOFError) as exc:
-                if sock is not None:
-                    sock.close()
-                if isinstance(exc, (_ProtocolError, EOFError)):
-                    last_error = "the server there did not answer as a pycoll store"
-                else:
-                    last_error = f"{type(exc).__name__}: {exc}"
-            except BaseException:  # a secret mismatch (InvalidUsageError): retrying cannot help
-                if sock is not None:
-                    sock.close()
-                raise
-            now = time.monotonic()
-            if now >= deadline:
-                raise CollectiveTimeoutError(
-                    f"could not connect to the rendezvous store at {self.address} within "
-                    f"{_fmt_seconds(now - start)} ({attempts} attempts; last error: {last_error}); "
-                    "check that rank 0 (or the launcher) is running and that MASTER_ADDR/MASTER_PORT "
-                    "point to it"
-                )
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 1.0)
-
-    def _handshake(self, sock: socket.socket) -> None:
-        """HELLO, then (with a secret) AUTH; see the module docstring."""
-        secret = self._secret
-        mode = _AUTH_NONE if secret is None else _AUTH_HMAC
-        sock.sendall(_frame(bytes([_OP_HELLO]) + _enc_blob(_MAGIC) + _U8.pack(mode)))
-        status, reply = _read_reply(sock, _MAX_HANDSHAKE_FRAME)
-        if status == _ST_ERROR:
-            raise InvalidUsageError(
-                f"the rendezvous store at {self.address} refused this client: {reply.text()}"
-            )
-        if status != _ST_OK or reply.blob() != _MAGIC:
-            raise _ProtocolError("unexpected handshake reply")
-        theirs, server_nonce = reply.u8(), reply.blob()
-        reply.end()
-        if theirs == _AUTH_HMAC and mode == _AUTH_NONE:
-            raise InvalidUsageError(
-                f"the rendezvous store at {self.address} requires a rendezvous secret, but this process has "
-                "none: set PYCOLL_SECRET to the job's secret (the same on every rank and on the launcher)"
-            )
-        if theirs == _AUTH_NONE and mode == _AUTH_HMAC:
-            raise InvalidUsageError(
-                f"this process has a rendezvous secret (PYCOLL_SECRET) but the rendezvous store at "
-                f"{self.address} has none: set the same PYCOLL_SECRET where the store runs (rank 0 or the "
-                "launcher), or unset it here"
-            )
-        if theirs != mode:
-            raise _ProtocolError(f"unknown authentication mode {theirs}")
-        if secret is None:
-            return
-        if len(server_nonce) != _NONCE_BYTES:
-            raise _ProtocolError("bad server nonce")
-        client_nonce = secrets.token_bytes(_NONCE_BYTES)
-        proof = _proof(secret, _CLIENT_TAG, server_nonce, client_nonce)
-        sock.sendall(_frame(bytes([_OP_AUTH]) + _enc_blob(client_nonce) + _enc_blob(proof)))
-        status, reply = _read_reply(sock, _MAX_HANDSHAKE_FRAME)
-        hint = "PYCOLL_SECRET must be the same on every rank and on the process hosting the store"
-        if status == _ST_ERROR:
-            raise InvalidUsageError(
-                f"the rendezvous store at {self.address} refused this client: the rendezvous secret did "
-                f"not match ({hint})"
-            )
-        if status != _ST_OK:
-            raise _ProtocolError("unexpected handshake reply")
-        server_proof = reply.blob()
-        reply.end()
-        if not hmac.compare_digest(server_proof, _proof(secret, _SERVER_TAG, server_nonce, client_nonce)):
-            raise InvalidUsageError(
-                f"the rendezvous store at {self.address} could not prove it holds the rendezvous secret: "
-                f"the rendezvous secret did not match, or another program is listening there ({hint})"
-            )
-
-    def _disconnect(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
-
-    def _request(self, body: bytes, what: str, wait: float | None = None) -> tuple[int, _Reader]:
-        frame = _frame(body)
-        with self._lock:
-            if self._closed:
-                raise InvalidUsageError(f"the store client for {self.address} is closed")
-            if self._lost:
-                raise self._lost_error("seen by an earlier request")
-            if self._sock is None:
-                # A previous request timed out on the client side; its late reply would desync the
-                # stream, so that socket was dropped. Start a fresh connection.
-                self._connect(self.timeout)
-            sock = self._sock
-            assert sock is not None
-            io_timeout = (wait if wait is not None else self.timeout) + _REPLY_GRACE
-            sock.settimeout(io_timeout)
-            try:
-                sock.sendall(frame)
-                status, reply = _read_reply(sock)
-            except (TimeoutError, socket.timeout):
-                self._disconnect()
-                raise CollectiveTimeoutError(
-                    f"the rendezvous store at {self.address} did not answer within "
-                    f"{_fmt_seconds(io_timeout)} (request for {what!r}); the host may be overloaded "
-                    "or the network broken"
-                ) from None
-            except (EOFError, ConnectionError, OSError) as exc:
-                self._disconnect()
-                self._lost = True
-                detail = "end of stream" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
-                raise self._lost_error(detail) from None
-            except _ProtocolError as exc:
-                self._disconnect()
-                raise PeerLostError(
-                    f"rendezvous store at {self.address} sent a malformed reply ({exc})", rank=0
-                ) from None
-            return status, reply
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("connection closed")
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_reply(sock: socket.socket, limit: int = MAX_FRAME) -> tuple[int, _Reader]:
-    (length,) = _U32.unpack(_recv_exact(sock, 4))
-    if length == 0 or length > limit:
-        raise _ProtocolError(f"bad reply length {length}")
-    reader = _Reader(_recv_exact(sock, length))
-    status = reader.u8()
-    if status not in (_ST_OK, _ST_TIMEOUT, _ST_ERROR):
-        raise _ProtocolError(f"bad reply status {status}")
-    return status, reader
-
-
-def _as_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return bytes(value)
-
-
-# --------------------------------------------------------------------------------------------------
-# Wrappers
-
-
-class PrefixStore:
-    """Every key of ``store`` seen through this object is ``f"{prefix}/{key}"``.
-
-    ``close()`` closes the wrapped store only when ``close_underlying`` is true (by default the
-    wrapped store belongs to whoever created it).
-    """
-
-    def __init__(self, store: Store, prefix: str, *, close_underlying: bool = False) -> None:
-        self.store = store
-        self.prefix = prefix
-        self._close_underlying = close_underlying
-
-    def _k(self, key: str) -> str:
-        return f"{self.prefix}/{key}"
-
-    def set(self, key: str, value: bytes) -> None:
-        self.store.set(self._k(key), value)
-
-    def get(self, key: str, timeout: float | None = None) -> bytes:
-        return self.store.get(self._k(key), timeout)
-
-    def add(self, key: str, amount: int) -> int:
-        return self.store.add(self._k(key), amount)
-
-    def wait(self, keys: list[str], timeout: float | None = None) -> None:
-        self.store.wait([self._k(k) for k in keys], timeout)
-
-    def check(self, keys: list[str]) -> bool:
-        check = getattr(self.store, "check", None)
-        if check is None:
-            raise InvalidUsageError(f"{type(self.store).__name__} has no check()")
-        return bool(check([self._k(k) for k in keys]))
-
-    def delete(self, key: str) -> bool:
-        return bool(self.store.delete(self._k(key)))
-
-    def close(self) -> None:
-        if self._close_underlying:
-            self.store.close()
-
-    def __repr__(self) -> str:
-        return f"PrefixStore({self.store!r}, {self.prefix!r})"
-
-
-class TorchStoreAdapter:
-    """A ``torch.distributed.Store`` (TCPStore, FileStore, PrefixStore...) seen as a pycoll ``Store``.
-
-    Duck typed: torch is never imported here. Torch's timeout errors become CollectiveTimeoutError and
-    its connection errors PeerLostError. ``close()`` does nothing: the torch store belongs to its creator.
-    """
-
-    def __init__(self, torch_store: Any, *, name: str | None = None) -> None:
-        self.torch_store = torch_store
-        self.name = name or type(torch_store).__name__
-
-    def set(self, key: str, value: bytes) -> None:
-        self._call("set", [key], lambda: self.torch_store.set(key, _as_bytes(value)))
-
-    def get(self, key: str, timeout: float | None = None) -> bytes:
-        if timeout is not None:
-            self.wait([key], timeout)
-        value = self._call("get", [key], lambda: self.torch_store.get(key), timeout)
-        return _as_bytes(value)
-
-    def add(self, key: str, amount: int) -> int:
-        return int(self._call("add", [key], lambda: self.torch_store.add(key, int(amount))))
-
-    def wait(self, keys: list[str], timeout: float | None = None) -> None:
-        keys = list(keys)
-        if timeout is None:
-            self._call("wait", keys, lambda: self.torch_store.wait(keys))
-        else:
-            delta = timedelta(seconds=float(timeout))
-            self._call("wait", keys, lambda: self.torch_store.wait(keys, delta), timeout)
-
-    def check(self, keys: list[str]) -> bool:
-        keys = list(keys)
-        return bool(self._call("check", keys, lambda: self.torch_store.check(keys)))
-
-    def delete(self, key: str) -> bool:
-        return bool(self._call("delete_key", [key], lambda: self.torch_store.delete_key(key)))
-
-    def close(self) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"TorchStoreAdapter({self.torch_store!r})"
-
-    def _call(self, op: str, keys: list[str], fn: Callable[[], Any], timeout: float | None = None) -> Any:
-        start = time.monotonic()
-        try:
-            return fn()
-        except Exception as exc:
-            if isinstance(exc, (CollectiveTimeoutError, PeerLostError, InvalidUsageError)):
-                raise
-            text = str(exc)
-            low = text.lower()
-            waited = time.monotonic() - start
-            what = f"key {keys[0]!r}" if len(keys) == 1 else f"keys {keys!r}"
-            if "timeout" in low or "timed out" in low:
-                raise CollectiveTimeoutError(
-                    f"timed out after {_fmt_seconds(waited)} waiting for {what} in the torch store "
-                    f"{self.name} ({op}: {text})"
-                ) from exc
-            if any(
-                s in low
-                for s in (
-                    "connection reset",
-                    "broken pipe",
-                    "connection closed",
-                    "refused",
-                    "connection was closed",
-                    "peer",
-                )
-            ):
-                raise PeerLostError(
-                    f"rendezvous store {self.name} closed the connection during {op} of {what}: {text}",
-                    rank=0,
-                ) from exc
-            raise
