@@ -179,19 +179,29 @@ class TCPStoreServer:
         self._warn_window = -math.inf
         self._warn_count = 0
         self._warn_suppressed = 0
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._listener, selectors.EVENT_READ, "listener")
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._stop = False
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._clients_changed = threading.Condition()
-        self._close_callbacks: list[Callable[[], None]] = []
-        self._thread = threading.Thread(target=self._serve, name=f"pycoll-store-{self.port}", daemon=True)
-        self._thread.start()
+        # Until the thread runs, a failure (EMFILE from socketpair, say) must give the port and every
+        # descriptor back now, not whenever the half-built object is collected.
+        opened: list[socket.socket | selectors.BaseSelector] = [self._listener]
+        try:
+            self._sel = selectors.DefaultSelector()
+            opened.append(self._sel)
+            self._wake_r, self._wake_w = socket.socketpair()
+            opened += [self._wake_r, self._wake_w]
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._sel.register(self._listener, selectors.EVENT_READ, "listener")
+            self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            self._stop = False
+            self._closed = False
+            self._close_lock = threading.Lock()
+            self._clients_changed = threading.Condition()
+            self._close_callbacks: list[Callable[[], None]] = []
+            self._thread = threading.Thread(target=self._serve, name=f"pycoll-store-{self.port}", daemon=True)
+            self._thread.start()
+        except BaseException:
+            for resource in reversed(opened):
+                resource.close()
+            raise
 
     @property
     def address(self) -> str:
