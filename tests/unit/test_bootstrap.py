@@ -421,6 +421,26 @@ def test_port_in_use_is_usage_error(server):
         TCPStoreServer("127.0.0.1", server.port)
 
 
+def test_server_that_fails_to_start_gives_its_port_back(monkeypatch):
+    """Out of descriptors after listening: the listener is closed at once (the port is free again)."""
+    listeners: list[socket.socket] = []
+    create_server = socket.create_server
+
+    def recording_create_server(*args: Any, **kwargs: Any) -> socket.socket:
+        sock = create_server(*args, **kwargs)
+        listeners.append(sock)
+        return sock
+
+    def no_descriptors(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(socket, "create_server", recording_create_server)
+    monkeypatch.setattr(socket, "socketpair", no_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        TCPStoreServer("127.0.0.1", 0)
+    assert len(listeners) == 1 and listeners[0].fileno() == -1
+
+
 def test_prefix_store(client):
     a = PrefixStore(client, "job/a")
     b = PrefixStore(client, "job/b")

@@ -206,7 +206,7 @@ def test_wrong_secret_server_log_names_the_peer(guarded, warnings_log):
 
 
 def test_hand_made_client_with_right_secret_is_served(guarded):
-    # The handshake as documented in pycoll/bootstrap/store.py, computed independently of its code.
+    # The handshake as documented in pycoll/bootstrap/store/protocol.py, computed independently of its code.
     with raw(guarded.port) as sock:
         sock.sendall(hello(auth=1))
         nonce = recv_frame(sock)[1 + 4 + len(MAGIC) + 1 + 4 :]
