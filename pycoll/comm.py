@@ -26,6 +26,7 @@ from pycoll.algorithms.plan import Plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.bootstrap.net import interface_address, reachable_address
+from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
 from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pycoll")
 
-COLLECTIVE_CODES = {name: i for i, name in enumerate(_C.COLLECTIVES)}
-ALGORITHM_CODES = {name: i for i, name in enumerate(_C.ALGORITHMS)}
 _PLAN_CACHE_SIZE = 512
 
 

@@ -548,7 +548,9 @@ def test_self_kernel_includes_are_caught(tmp_path: Path) -> None:
         {
             "csrc/kernels/ok.h": '#include <cstdint>\n#include "kernels/types.h"\n#include "types.h"\n',
             "csrc/kernels/types.h": "#include <cstddef>\n",
-            "csrc/kernels/bad.h": '#include <nccl.h>\n#include "transport/shm.h"\n#include <cuda_runtime.h>\n',
+            "csrc/kernels/bad.h": (
+                '#include <nccl.h>\n#include "transport/shm.h"\n#include <cuda_runtime.h>\n'
+            ),
             "csrc/transport/shm.h": "#include <vector>\n",
             "csrc/engine/executor.cc": "#include <pybind11/pybind11.h>\n",
             "csrc/python/module.cc": "#include <pybind11/pybind11.h>\n#include <torch/extension.h>\n",
@@ -561,3 +563,19 @@ def test_self_kernel_includes_are_caught(tmp_path: Path) -> None:
         ["csrc/kernels/bad.h", "2"],
         ["csrc/kernels/bad.h", "3"],
     ], found
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The leaf of shared codes mirrors the native side
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_codes_is_a_leaf(pycoll_tree: Tree) -> None:
+    assert [e for e in pycoll_tree.edges if e.importer == "pycoll.codes"] == []
+
+
+def test_codes_match_the_native_module() -> None:
+    from pycoll import _C, codes
+
+    assert tuple(_C.COLLECTIVES) == codes.COLLECTIVES
+    assert tuple(_C.ALGORITHMS) == codes.ALGORITHMS
