@@ -2,9 +2,10 @@
 
 Every ``pycoll/**/*.py`` is parsed with :mod:`ast`; its imports (absolute and relative, at module level
 and inside functions; those under ``if TYPE_CHECKING:`` are left out, they never run) make the module
-import graph. The rules below are data (:data:`LAYERS`, :data:`FORBIDDEN`, :data:`ENV_MODULES`,
-:data:`KERNEL_DIRS`...); each test checks one rule over the real tree, and each rule has a self-test that
-builds a tiny tree breaking it in ``tmp_path`` and expects the checker to catch it.
+import graph. The rules are data, one table (:data:`RULES`: layers, forbidden imports, the modules that
+may read the environment, kernel and binding directories); each test checks one rule over the real tree,
+and each rule has a self-test that builds a tiny tree breaking it in ``tmp_path`` and expects the checker
+to catch it.
 
 A module that does not exist (yet) simply has no edges: the rules may name it in advance.
 """
@@ -24,49 +25,68 @@ ROOT = Path(__file__).resolve().parents[2]
 # The rules (one table)
 # ---------------------------------------------------------------------------------------------------------
 
-#: Module prefix -> layer; the longest prefix that matches a module decides. Every other pycoll module
-#: (the root modules, pycoll.algorithms, pycoll.compression, pycoll.bootstrap, pycoll.tuning.model /
-#: links / persist, pycoll.codes, pycoll.auto, pycoll.env...) is ``core``.
-LAYERS: dict[str, str] = {
-    "pycoll": "core",
-    # tools: the CLI, benchmarking, calibration, the doctor (they sit on top and import the core)
-    "pycoll.cli": "tools",
-    "pycoll.run": "tools",  # ``python -m pycoll.run``: the launcher CLI
-    "pycoll.bench": "tools",
-    "pycoll.benchmark": "tools",  # (moving into pycoll.bench)
-    "pycoll.baselines": "tools",  # (moving into pycoll.bench)
-    "pycoll.plotting": "tools",  # (moving into pycoll.bench)
-    "pycoll.tuning.calibrate": "tools",
-    "pycoll.doctor": "tools",
-    # integrations: imported only by users who have what they integrate with
-    "pycoll.torch": "integrations",
-}
 
-#: (importer, imported, why): an edge from a module matching the first to one matching the second fails.
-#: Each side is a layer name from LAYERS or a module prefix (``pycoll.x`` matches pycoll.x and pycoll.x.*).
-FORBIDDEN: list[tuple[str, str, str]] = [
-    ("core", "tools", "the core never imports the CLI, bench, calibration or the doctor (not even lazily)"),
-    ("core", "integrations", "the core never imports the torch layer (not even lazily)"),
-    ("pycoll.algorithms", "pycoll.comm", "algorithms produce plans and never import a transport"),
-    ("pycoll.algorithms", "pycoll.gpu", "algorithms produce plans and never import a transport"),
-    ("pycoll.algorithms", "pycoll.nccl", "algorithms produce plans and never import a transport"),
-    ("pycoll.algorithms", "pycoll._C", "algorithms are pure Python: no native transport or kernels"),
-    ("pycoll.algorithms", "pycoll.bootstrap", "algorithms produce plans and never do I/O"),
-    ("pycoll.algorithms", "pycoll.api", "algorithms sit below the API"),
-]
+@dataclass(frozen=True)
+class Rules:
+    #: Module prefix -> layer; the longest prefix that matches a module decides.
+    layers: dict[str, str]
+    #: (importer, imported, why): an edge from a module matching the first to one matching the second
+    #: fails. Each side is a layer name or a module prefix (``pycoll.x`` matches pycoll.x and pycoll.x.*).
+    forbidden: list[tuple[str, str, str]]
+    #: The only modules that may read environment variables.
+    env_modules: frozenset[str]
+    #: Directories (relative to the repository) whose files may include only standard headers and
+    #: headers of these same directories.
+    kernel_dirs: tuple[str, ...]
+    #: Directories whose sources may include the headers ``binding_headers`` matches; nothing else may.
+    binding_dirs: tuple[str, ...]
+    binding_headers: re.Pattern[str]
 
-#: The only modules that may read environment variables (pycoll.bootstrap.env parses the launchers'
-#: variables: RANK, OMPI_COMM_WORLD_*, SLURM_*...). Passing os.environ whole to a child is not a read.
-ENV_MODULES: frozenset[str] = frozenset({"pycoll.env", "pycoll.bootstrap.env"})
 
-#: Directories (relative to the repository) whose files may include only standard headers and headers of
-#: these same directories (element code usable from host C++ and CUDA alike).
-KERNEL_DIRS: tuple[str, ...] = ("csrc/kernels",)
-#: Directories whose sources may include pybind11 / torch headers: the bindings, nothing below them.
-BINDING_DIRS: tuple[str, ...] = ("csrc/python",)
-BINDING_HEADERS = re.compile(r"^(pybind11|torch|ATen|c10|Python\.h)")
+_TRANSPORT = "algorithms produce plans and never import a transport"
+RULES = Rules(
+    # Every pycoll module not named below (the root modules, pycoll.algorithms, pycoll.compression,
+    # pycoll.bootstrap, pycoll.tuning.model / links / persist, pycoll.codes, pycoll.auto, pycoll.env...)
+    # is core.
+    layers={
+        "pycoll": "core",
+        # tools: the CLI, benchmarking, calibration, the doctor (they sit on top and import the core)
+        "pycoll.cli": "tools",
+        "pycoll.run": "tools",  # ``python -m pycoll.run``: the launcher CLI
+        "pycoll.bench": "tools",
+        "pycoll.benchmark": "tools",  # (moving into pycoll.bench)
+        "pycoll.baselines": "tools",  # (moving into pycoll.bench)
+        "pycoll.plotting": "tools",  # (moving into pycoll.bench)
+        "pycoll.tuning.calibrate": "tools",
+        "pycoll.doctor": "tools",
+        # integrations: imported only by users who have what they integrate with
+        "pycoll.torch": "integrations",
+    },
+    forbidden=[
+        (
+            "core",
+            "tools",
+            "the core never imports the CLI, bench, calibration or the doctor (not even lazily)",
+        ),
+        ("core", "integrations", "the core never imports the torch layer (not even lazily)"),
+        ("pycoll.algorithms", "pycoll.comm", _TRANSPORT),
+        ("pycoll.algorithms", "pycoll.gpu", _TRANSPORT),
+        ("pycoll.algorithms", "pycoll.nccl", _TRANSPORT),
+        ("pycoll.algorithms", "pycoll._C", "algorithms are pure Python: no native transport or kernels"),
+        ("pycoll.algorithms", "pycoll.bootstrap", "algorithms produce plans and never do I/O"),
+        ("pycoll.algorithms", "pycoll.api", "algorithms sit below the API"),
+    ],
+    # pycoll.bootstrap.env parses the launchers' variables (RANK, OMPI_COMM_WORLD_*, SLURM_*...).
+    # Passing os.environ whole to a child process is not a read.
+    env_modules=frozenset({"pycoll.env", "pycoll.bootstrap.env"}),
+    # Element code usable from host C++ and CUDA alike: no pybind11, torch, NCCL or CUDA runtime headers.
+    kernel_dirs=("csrc/kernels",),
+    # The bindings, nothing below them (csrc/engine builds as a library without pybind11).
+    binding_dirs=("csrc/python",),
+    binding_headers=re.compile(r"^(pybind11|torch|ATen|c10|Python\.h)"),
+)
 
-#: C and C++ standard library headers (what "standard" means for KERNEL_DIRS).
+#: C and C++ standard library headers (what "standard" means for ``kernel_dirs``).
 STANDARD_HEADERS: frozenset[str] = frozenset(
     """
     algorithm any array atomic bit bitset cassert cctype cerrno cfenv cfloat charconv chrono cinttypes
@@ -179,7 +199,7 @@ def load_tree(root: Path, package: str = "pycoll") -> Tree:
     return tree
 
 
-def layer_of(module: str, layers: dict[str, str] = LAYERS) -> str | None:
+def layer_of(module: str, layers: dict[str, str]) -> str | None:
     best = None
     for prefix, layer in layers.items():
         if module == prefix or module.startswith(prefix + "."):
@@ -279,13 +299,11 @@ def edge_where(tree: Tree, a: str, b: str) -> str:
     return ", ".join(sorted({e.where for e in tree.edges if e.importer == a and e.imported == b}))
 
 
-def forbidden_edges(
-    tree: Tree, rules: list[tuple[str, str, str]] = FORBIDDEN, layers: dict[str, str] = LAYERS
-) -> list[str]:
+def forbidden_edges(tree: Tree, rules: Rules = RULES) -> list[str]:
     found = []
     for e in tree.edges:
-        for importer, imported, why in rules:
-            if _matches(e.importer, importer, layers) and _matches(e.imported, imported, layers):
+        for importer, imported, why in rules.forbidden:
+            if _matches(e.importer, importer, rules.layers) and _matches(e.imported, imported, rules.layers):
                 found.append(f"{e.where}: {e.importer} imports {e.imported} ({why})")
     return sorted(set(found))
 
@@ -335,10 +353,10 @@ def env_reads(path: Path, imports_from_os: bool | None = None) -> list[tuple[int
     return sorted(set(reads))
 
 
-def env_violations(tree: Tree, root: Path, env_modules: frozenset[str] = ENV_MODULES) -> list[str]:
+def env_violations(tree: Tree, root: Path, rules: Rules = RULES) -> list[str]:
     found = []
     for name, path in sorted(tree.modules.items()):
-        if path.suffix != ".py" or name in env_modules:
+        if path.suffix != ".py" or name in rules.env_modules:
             continue
         for line, what in env_reads(path):
             found.append(f"{path.relative_to(root)}:{line}: {what} (settings are read in pycoll/env.py)")
@@ -349,14 +367,10 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 _SOURCES = (".h", ".hpp", ".cuh", ".cc", ".cpp", ".cu")
 
 
-def include_violations(
-    root: Path,
-    kernel_dirs: tuple[str, ...] = KERNEL_DIRS,
-    binding_dirs: tuple[str, ...] = BINDING_DIRS,
-    standard: frozenset[str] = STANDARD_HEADERS,
-) -> list[str]:
+def include_violations(root: Path, rules: Rules = RULES) -> list[str]:
     """Kernel files that include anything but standard headers and kernel headers; files outside the
     bindings that include pybind11 / torch / Python headers."""
+    kernel_dirs, binding_dirs = rules.kernel_dirs, rules.binding_dirs
     found = []
     csrc = root / "csrc"
     for path in sorted(p for p in csrc.rglob("*") if p.suffix in _SOURCES):
@@ -367,11 +381,11 @@ def include_violations(
         for match in _INCLUDE.finditer(text):
             bracket, header = match.groups()
             line = text.count("\n", 0, match.start()) + 1
-            if not in_bindings and BINDING_HEADERS.match(header):
+            if not in_bindings and rules.binding_headers.match(header):
                 found.append(f"{rel}:{line}: includes <{header}>: only {', '.join(binding_dirs)} may")
             if not in_kernels:
                 continue
-            if bracket == "<" and header in standard:
+            if bracket == "<" and header in STANDARD_HEADERS:
                 continue
             local = (path.parent / header, csrc / header, root / header)
             kernel_header = any(
