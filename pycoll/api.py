@@ -14,9 +14,11 @@ from typing import Any, Callable, Literal, TypeVar, Union, overload
 
 import numpy as np
 
+from pycoll import auto
 from pycoll.algorithms import ALGORITHMS
-from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
+from pycoll.auto import DEFAULT_ERROR_BUDGET as DEFAULT_ERROR_BUDGET  # (decided in pycoll.auto)
+from pycoll.auto import auto_compressed_algorithm as auto_compressed_algorithm
 from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
 from pycoll.comm import Communicator
 from pycoll.compression import CODEC_DTYPES, Codec, ErrorFeedback, get_codec
@@ -163,39 +165,6 @@ def get_world_size(comm: Communicator | None = None) -> int:
     return get_comm(comm).world_size
 
 
-def _algorithm(
-    comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int, gpu: bool = False
-) -> str:
-    """``algorithm``, validated; ``auto``: the one the communicator's cost model predicts fastest, and on
-    GPU memory NCCL's own collective."""
-    valid = ALGORITHMS[collective]
-    if gpu:
-        if algorithm == "auto":
-            return "nccl"
-        valid = ("nccl", *valid)
-    elif algorithm == "nccl":
-        raise InvalidUsageError(
-            "algorithm='nccl' runs on GPU memory (torch CUDA tensors, CuPy, numba); "
-            "these arrays are in host memory"
-        )
-    if algorithm == "auto":
-        if collective == "allreduce" and comm.spans_equal_hosts:
-            return "hierarchical"  # the cost model knows shared memory only; see auto_compressed_algorithm
-        return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
-    if algorithm not in valid:
-        raise InvalidUsageError(
-            f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"
-        )
-    return algorithm
-
-
-def auto_compressed_algorithm(comm: Communicator) -> str:
-    """The all-reduce plan ``algorithm="auto"`` runs with a fixed codec: ``hierarchical`` on several hosts
-    of equal size (more than one rank each: the codec only on the links between hosts, each host's sum
-    exact, every rank's link used), else direct (two-shot: each element quantized at most twice)."""
-    return "hierarchical" if comm.spans_equal_hosts else DEFAULT_COMPRESSED_ALGORITHM
-
-
 def _on_gpu(x: Buffer, out: Buffer | None = None) -> bool:
     """Whether the call is on GPU memory; x and out must be in the same place."""
     if out is not None and x.device != out.device:
@@ -243,32 +212,6 @@ def _launch(
         return result
 
     return Work(comm.submit(body, True), describe())
-
-
-#: ``compression="auto"``'s error budget when the caller gives none: the relative L2 error the codec may
-#: add (pycoll.tuning.model.expected_error). 1e-3 admits fp16 only; int8 needs error_budget=1e-2.
-DEFAULT_ERROR_BUDGET = 1e-3
-
-
-def _auto_compression(
-    comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None
-) -> tuple[Codec | None, str | None]:
-    """``compression="auto"``: the codec (or None) and algorithm the cost model predicts fastest within
-    the error budget; no codec for data or operators compression does not support."""
-    budget = DEFAULT_ERROR_BUDGET if error_budget is None else error_budget
-    if not budget >= 0:
-        raise InvalidUsageError(f"error_budget must be a relative error >= 0, got {error_budget}")
-    if residual is not None:
-        raise InvalidUsageError(
-            'residual= (error feedback) needs a fixed codec; compression="auto" may pick none for some sizes'
-        )
-    if buf.dtype not in CODEC_DTYPES or op.lower() not in ("sum", "avg"):
-        return None, None
-    f32_bytes = buf.count * 4  # compressed all-reduces run on float32
-    name, algorithm = comm.model.choose_compression(comm.world_size, f32_bytes, error_budget=budget)
-    if name == "none":
-        return None, None
-    return get_codec(name), algorithm
 
 
 def _compression(
@@ -381,7 +324,7 @@ def allreduce(
     code = op_code(op, buf)
     auto_algorithm: str | None = None
     if isinstance(compression, str) and compression.lower() == "auto":
-        codec, auto_algorithm = _auto_compression(c, residual, buf, op, error_budget)
+        codec, auto_algorithm = auto.compression(c, residual, buf, op, error_budget)
         res = None
     else:
         if error_budget is not None:
@@ -391,7 +334,7 @@ def allreduce(
     if codec is not None and algorithm == "auto":
         algo = auto_algorithm or auto_compressed_algorithm(c)
     else:
-        algo = _algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize, gpu)
+        algo = auto.algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize, gpu)
     if codec is not None and algo == "nccl":
         raise InvalidUsageError(
             "algorithm='nccl' does not compress; use ring, tree or direct with compression="
@@ -432,7 +375,7 @@ def broadcast(
     if not isinstance(root, (int, np.integer)) or not 0 <= root < c.world_size:
         raise InvalidUsageError(f"root must be a rank in 0..{c.world_size - 1}, got {root!r}")
     gpu = _on_gpu(buf)
-    algo = _algorithm(c, "broadcast", algorithm, buf.nbytes, buf.itemsize, gpu)
+    algo = auto.algorithm(c, "broadcast", algorithm, buf.nbytes, buf.itemsize, gpu)
     _timeout(timeout)
     if gpu:
         return _launch_gpu(
@@ -493,7 +436,7 @@ def reduce_scatter(
             f"elements, got {xb.count}"
         )
     gpu = _on_gpu(xb, ob)
-    algo = _algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
+    algo = auto.algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
     _timeout(timeout)
     if gpu:
         return _launch_gpu(
@@ -534,7 +477,7 @@ def all_gather(
             f"elements, got {ob.count}"
         )
     gpu = _on_gpu(xb, ob)
-    algo = _algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize, gpu)
+    algo = auto.algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize, gpu)
     _timeout(timeout)
     if gpu:
         return _launch_gpu(

@@ -15,22 +15,11 @@ from typing import Any
 import numpy as np
 
 from pycoll._C import array_address
+from pycoll.codes import DTYPE_CODES as DTYPE_CODES  # (re-exported: the codes live in pycoll.codes)
+from pycoll.codes import OP_CODES as OP_CODES
 from pycoll.errors import InvalidUsageError
 
-# Codes shared with csrc/kernels/types.h (DType).
-DTYPE_CODES = {
-    "float32": 0,
-    "float64": 1,
-    "float16": 2,
-    "bfloat16": 3,
-    "int32": 4,
-    "int64": 5,
-    "uint8": 6,
-    "int8": 7,
-}
 FLOAT_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
-# Codes shared with csrc/kernels/types.h (RedOp).
-OP_CODES = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 SUPPORTED_DTYPES = ", ".join(DTYPE_CODES)
 
 

@@ -15,10 +15,9 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from pycoll import _C
+from pycoll import _C, auto
 from pycoll.algorithms import build_plan
 from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.algorithms.grouped import lower_to_groups
@@ -26,7 +25,8 @@ from pycoll.algorithms.plan import Plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.bootstrap.net import interface_address, reachable_address
-from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings, rendezvous_secret, usable_cpus
+from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
+from pycoll.env import Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
 from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pycoll")
 
-COLLECTIVE_CODES = {name: i for i, name in enumerate(_C.COLLECTIVES)}
-ALGORITHM_CODES = {name: i for i, name in enumerate(_C.ALGORITHMS)}
 _PLAN_CACHE_SIZE = 512
 
 
@@ -138,12 +136,7 @@ class Communicator:
         #: How this rank's messages travel: "shm" (every rank on this host), "tcp" (every peer over TCP:
         #: PYCOLL_TRANSPORT=tcp, or one rank per host) or "mixed" (shared memory to this host's ranks, TCP to
         #: the others).
-        self.transport = settings.transport
-        if self.transport == "auto":
-            if self.num_nodes == 1:
-                self.transport = "shm"
-            else:
-                self.transport = "tcp" if self.num_nodes == world_size else "mixed"
+        self.transport = auto.transport(settings.transport, self.num_nodes, world_size)
         if self.num_nodes > 1 and self.transport == "shm":
             # Every rank saw the same host list, so every rank raises here. A rank hosting the store closes
             # it as it raises: it first waits (bounded) for the others to be past their reads, which
@@ -157,20 +150,9 @@ class Communicator:
                 "same value on all of them"
             )
 
-        # Every rank on a core of its own: poll briefly, then yield briefly (in case the scheduler put
-        # a peer on this very core), then sleep. More ranks than cores: never spin (it steals the core
-        # the peer needs) but yield for a while before sleeping.
-        oversubscribed = self.local_world_size > usable_cpus()
-        spin = settings.spin_us
-        if spin is None:
-            spin = 0 if oversubscribed else DEFAULT_SPIN_US
-        yield_us = settings.yield_us
-        if yield_us is None:
-            yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
+        spin, yield_us = auto.wait_policy(settings, self.local_world_size, self.transport, usable_cpus())
         slot_bytes = settings.slot_bytes_for(world_size)
         local = [h == self.hosts[rank] for h in self.hosts] if self.transport == "mixed" else []
-        if self.transport == "tcp":
-            spin = 0  # the network is slow to answer: sleep on the transport rather than burn a core
         if self.transport in ("tcp", "mixed"):
             bind, advertised = self._tcp_addresses()
         else:
@@ -261,17 +243,19 @@ class Communicator:
         handed to every rank through the store, so that all ranks make the same choices."""
         if self.rank == 0:
             model = None
-            if self.transport == "shm":  # calibrations are of this host's shared memory
+            if auto.uses_calibration(self.transport):
                 model = load_model(
                     segment_bytes=self.segment_bytes,
                     fragment_bytes=self.fragment_bytes,
                     workers=usable_cpus(),
                 )
             if model is None:
-                # Over TCP the link is unknown until calibrated: assume 10 GbE, the common slow case.
-                link = "shm" if self.transport == "shm" else "eth10"  # mixed: the slow links decide
-                model = Model.for_link(link, workers=usable_cpus(), segment_bytes=self.segment_bytes)
-                model = replace(model, fragment_bytes=self.fragment_bytes)
+                model = auto.default_model(
+                    self.transport,
+                    workers=usable_cpus(),
+                    segment_bytes=self.segment_bytes,
+                    fragment_bytes=self.fragment_bytes,
+                )
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
             return model
         return model_from_dict(json.loads(self._store.get("tuning", timeout).decode()))
@@ -359,20 +343,13 @@ class Communicator:
         """Whether the ranks sit on several hosts with the same number (more than one) of ranks each,
         numbered host by host: where ``algorithm="auto"`` all-reduces with ``hierarchical``. Asked on
         every auto all-reduce, and the hosts never change: worked out once."""
-        if len(set(self.hosts)) < 2:
-            return False
-        try:
-            return self._hierarchy() > 1
-        except InvalidUsageError:
-            return False
+        return auto.spans_equal_hosts(self.hosts)
 
     def _hierarchy(self) -> int:
         """Ranks per host for ``hierarchical``: hosts must hold equally many ranks, numbered host by host
         (as torchrun, mpirun's default mapping, srun's block distribution and ``pycoll run`` number them)."""
-        # From the host list alone, which every rank has: every rank reaches the same verdict.
-        size = self.hosts.count(self.hosts[0])
-        expected = [self.hosts[(r // size) * size] for r in range(self.world_size)]
-        if self.world_size % size or self.hosts != expected or len(set(expected)) != self.world_size // size:
+        size = auto.ranks_per_host(self.hosts)
+        if size is None:
             raise InvalidUsageError(
                 "algorithm='hierarchical' needs the same number of ranks on every host, numbered host by "
                 f"host ({_hosts_text(self.hosts)}); use ring, tree or direct"

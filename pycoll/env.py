@@ -35,7 +35,10 @@
 |                        | set the same value on every rank and on the launcher           |         |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
-``pycoll.bootstrap.env``.
+``pycoll.bootstrap.env``. The other variables pycoll reads are NVIDIA's and the system's, for finding
+libraries (:func:`library_settings`: NCCL_LIBRARY, CUDA_HOME, CUDA_PATH) and for the doctor
+(:func:`nccl_p2p_disable`; :func:`process_environ`: the whole environment, whose NCCL_* and PYCOLL_*
+entries ``pycoll doctor`` lists).
 """
 
 from __future__ import annotations
@@ -198,6 +201,47 @@ def launcher_hosts_store(environ: Mapping[str, str] | None = None) -> bool:
     """True when ``pycoll run`` hosts the rendezvous store (rank 0 connects to it instead of hosting)."""
     env = os.environ if environ is None else environ
     return env.get(LAUNCHER_STORE_VAR, "0").strip() == "1"
+
+
+def process_environ(environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """The process environment (or ``environ``, a stand-in for it: tests, the doctor's fixtures), for
+    code that reports on it or hands it on whole. Settings are read through the functions of this module,
+    not from this mapping."""
+    return os.environ if environ is None else environ
+
+
+#: The variable that chooses the NCCL library (pycoll.libraries.find_nccl).
+NCCL_LIBRARY_VAR = "NCCL_LIBRARY"
+#: The variables that name a CUDA toolkit, in the order pycoll.libraries.find_cudart consults them.
+CUDA_HOME_VARS = ("CUDA_HOME", "CUDA_PATH")
+
+
+@dataclass(frozen=True)
+class LibrarySettings:
+    """Where the environment says NVIDIA's libraries are (pycoll.libraries reads them from here)."""
+
+    #: NCCL_LIBRARY, stripped ("" when unset): a file or a name for the dynamic loader.
+    nccl_library: str = ""
+    #: (variable, directory) of CUDA_HOME then CUDA_PATH, stripped, the unset and empty ones left out.
+    cuda_homes: tuple[tuple[str, str], ...] = ()
+
+
+def library_settings(environ: Mapping[str, str] | None = None) -> LibrarySettings:
+    """NCCL_LIBRARY, CUDA_HOME and CUDA_PATH from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    homes = tuple((var, env.get(var, "").strip()) for var in CUDA_HOME_VARS)
+    return LibrarySettings(
+        nccl_library=env.get(NCCL_LIBRARY_VAR, "").strip(),
+        cuda_homes=tuple((var, home) for var, home in homes if home),
+    )
+
+
+def nccl_p2p_disable(environ: Mapping[str, str] | None = None) -> str | None:
+    """NCCL_P2P_DISABLE's value when it turns GPU peer-to-peer transfers off (set, and not 0), else None
+    (``pycoll doctor`` warns about it)."""
+    env = os.environ if environ is None else environ
+    value = env.get("NCCL_P2P_DISABLE", "")
+    return None if value.strip() in ("", "0") else value
 
 
 def usable_cpus() -> int:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pycoll import _C
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
-from pycoll.compression.codecs import KIND_CODES, ROUNDING_CODES
+from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
 from pycoll.work import Work
 
@@ -263,8 +263,6 @@ class GpuSide:
     ) -> Enqueued:
         """Enqueues one collective on the input's stream; returns it (the event recorded after it, its
         deadline), followed by the watchdog."""
-        from pycoll.comm import ALGORITHM_CODES, COLLECTIVE_CODES
-
         self.check_device(inp, "x")
         if out is not inp:
             self.check_device(out, "out")

@@ -26,11 +26,12 @@ import ctypes
 import ctypes.util
 import importlib.metadata
 import importlib.util
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pycoll.env import NCCL_LIBRARY_VAR, library_settings
 
 __all__ = [
     "CUDART_WHEELS",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 #: Environment variable naming the libnccl to use.
-NCCL_ENV = "NCCL_LIBRARY"
+NCCL_ENV = NCCL_LIBRARY_VAR
 #: Wheels that ship libnccl, in order of preference (newest CUDA first).
 NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
 #: Wheels that ship libcudart, in order of preference.
@@ -206,9 +207,8 @@ def find_nccl(
     """Find libnccl (order in the module docstring) and, with ``load``, load it and record its version
     (or why it cannot be loaded). ``nvidia_paths`` replaces the ``nvidia`` namespace package's
     directories (tests); ``search_system=False`` skips the dynamic loader's search."""
-    env = os.environ if environ is None else environ
     info = LibraryInfo(name="nccl")
-    chosen = env.get(NCCL_ENV, "").strip()
+    chosen = library_settings(environ).nccl_library
     if chosen:
         info.searched.append(f"{NCCL_ENV}={chosen}")
         info.path, info.source = chosen, NCCL_ENV
@@ -241,7 +241,6 @@ def find_cudart(
 ) -> LibraryInfo:
     """Find libcudart (wheels, then ``$CUDA_HOME``/``$CUDA_PATH``, then the system) and, with ``load``,
     record the CUDA runtime version it reports."""
-    env = os.environ if environ is None else environ
     info = LibraryInfo(name="cudart")
     dirs = nvidia_package_dirs() if nvidia_paths is None else list(nvidia_paths)
     info.searched.append("wheels: " + (", ".join(f"{d}/*/lib" for d in dirs) or "no nvidia package"))
@@ -251,10 +250,7 @@ def find_cudart(
         info.package = _owning_wheel(candidates[0], CUDART_WHEELS)
         return _ask_version(info, cudart_version) if load else info
     if search_system:
-        for var in ("CUDA_HOME", "CUDA_PATH"):
-            home = env.get(var, "").strip()
-            if not home:
-                continue
+        for var, home in library_settings(environ).cuda_homes:
             info.searched.append(f"{var}: {home}/lib64")
             files = sorted(
                 (p for p in Path(home, "lib64").glob("libcudart.so*") if p.is_file()), key=_so_rank

@@ -5,9 +5,11 @@
 then the system), so what ``pycoll doctor`` reports is what a job gets. A process holds one NCCL.
 
 The CUDA device is the caller's choice and must be current before :func:`create_nccl_comm`; the usual
-one is the launcher's local rank, e.g. with torch::
+one is the launcher's local rank (torchrun's, mpirun's, Slurm's or ``pycoll run``'s, as
+:func:`pycoll.bootstrap.detect_launch` reads it), e.g. with torch::
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    launch = pycoll.bootstrap.detect_launch()
+    torch.cuda.set_device(launch.local_rank if launch is not None else 0)
     comm = pycoll.nccl.create_nccl_comm(store, rank, world_size, timeout=60)
 
 The communicator (``pycoll._C.nccl.Comm``) takes raw device pointers and a ``cudaStream_t`` as ints

@@ -24,11 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from pycoll.codes import KIND_CODES as KIND_CODES  # (re-exported: the codes live in pycoll.codes)
+from pycoll.codes import ROUNDING_CODES as ROUNDING_CODES
 from pycoll.errors import InvalidUsageError
 
-# Codes shared with csrc/kernels/codec.h (codec::Kind, codec::Rounding).
-KIND_CODES = {"fp16": 1, "bf16": 2, "int8": 3, "int4": 4, "user": 15}
-ROUNDING_CODES = {"nearest": 0, "stochastic": 1}
 SCALE_BYTES = 4
 MIN_BLOCK, MAX_BLOCK = 8, 4096
 

@@ -32,6 +32,7 @@ from pycoll.doctor.probes import (
 )
 from pycoll.doctor.render import link_matrix, p2p_matrix, render
 from pycoll.doctor.report import CpuInfo, Finding, GpuReport, IommuInfo, Report, RuntimeInfo, ShmInfo
+from pycoll.env import process_environ
 
 __all__ = ["AUTO", "Finding", "Report", "collect", "link_matrix", "p2p_matrix", "render"]
 
@@ -88,7 +89,7 @@ def collect(
     ``nvidia_paths``/``search_system`` steer the library search (pycoll.libraries).
     """
     sys_path, proc_path = Path(sys_root), Path(proc_root)
-    env = os.environ if environ is None else environ
+    env = process_environ(environ)
     report = Report()
     errors = report.probe_errors
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pycoll.doctor.report import Finding, Report
+from pycoll.env import nccl_p2p_disable
 
 __all__ = ["MEMLOCK_SMALL", "SHM_SMALL", "judge"]
 
@@ -186,12 +187,13 @@ def _iommu(report: Report) -> list[Finding]:
 
 def _p2p(report: Report, environ: Mapping[str, str]) -> list[Finding]:
     found: list[Finding] = []
-    if environ.get("NCCL_P2P_DISABLE", "").strip() not in ("", "0"):
+    p2p_disable = nccl_p2p_disable(environ)
+    if p2p_disable is not None:
         found.append(
             Finding(
                 "warn",
                 "p2p",
-                f"NCCL_P2P_DISABLE={environ['NCCL_P2P_DISABLE']} turns off GPU peer-to-peer transfers",
+                f"NCCL_P2P_DISABLE={p2p_disable} turns off GPU peer-to-peer transfers",
                 "unset NCCL_P2P_DISABLE unless it works around a known fault",
             )
         )

@@ -564,7 +564,7 @@ class Model:
             extra = self.device.codec_step_s * costs.steps
         return Timing(path_t + extra, path, extra)
 
-    # ---- choices ---------------------------------------------------------------------------------------
+    # ---- choices: "which is predicted fastest" (pycoll.auto decides when "auto" asks, and what overrides) --
     def candidates(self, collective: str) -> tuple[str, ...]:
         # hierarchical depends on how ranks sit on hosts, which the model does not know: chosen by name only
         skip = ("dissemination", "hierarchical")

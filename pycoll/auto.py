@@ -1,0 +1,177 @@
+"""The one module that decides what "auto" means: one function per question.
+
+| question                                                 | function                    | asked by    |
+|----------------------------------------------------------|-----------------------------|-------------|
+| how do the ranks reach each other (PYCOLL_TRANSPORT)?    | ``transport``               | Communicator|
+| how long does a waiting rank spin / yield (``auto``)?    | ``wait_policy``             | Communicator|
+| are the ranks on equal hosts, numbered host by host?     | ``ranks_per_host``,         | Communicator|
+|                                                          | ``spans_equal_hosts``       |             |
+| which cost model do ``auto`` choices use?                | ``uses_calibration``,       | Communicator|
+|                                                          | ``default_model``           |             |
+| which algorithm runs ``algorithm="auto"``?               | ``algorithm``               | pycoll.api  |
+| ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,|
+|                                                          |                             | bench       |
+| which codec and algorithm run ``compression="auto"``?    | ``compression``             | pycoll.api  |
+
+The cost model (:class:`pycoll.tuning.model.Model`) only predicts: it answers "which of these is
+predicted fastest" (``choose_algorithm``, ``choose_compression``, remembered per model); this module
+decides when to ask it and what overrides it (GPU memory, hosts of equal size, data compression does not
+support). Every rank asks with the same facts (the host list, rank 0's model), so every rank decides
+alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from pycoll.algorithms import ALGORITHMS
+from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
+from pycoll.compression import CODEC_DTYPES, Codec, get_codec
+from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings
+from pycoll.errors import InvalidUsageError
+from pycoll.tuning.model import Model
+
+if TYPE_CHECKING:
+    from pycoll.arrays import Buffer
+    from pycoll.comm import Communicator
+
+__all__ = [
+    "DEFAULT_ERROR_BUDGET",
+    "algorithm",
+    "auto_compressed_algorithm",
+    "compression",
+    "default_model",
+    "ranks_per_host",
+    "spans_equal_hosts",
+    "transport",
+    "uses_calibration",
+    "wait_policy",
+]
+
+#: ``compression="auto"``'s error budget when the caller gives none: the relative L2 error the codec may
+#: add (pycoll.tuning.model.expected_error). 1e-3 admits fp16 only; int8 needs error_budget=1e-2.
+DEFAULT_ERROR_BUDGET = 1e-3
+
+
+# ---- the communicator's set-up -----------------------------------------------------------------------
+def transport(setting: str, num_nodes: int, world_size: int) -> str:
+    """How this rank's messages travel, from PYCOLL_TRANSPORT (``setting``) and the host count:
+    ``auto`` is "shm" on one host, "tcp" with one rank per host, else "mixed" (shared memory to the
+    ranks of this host, TCP to the others). An explicit ``shm`` or ``tcp`` is kept as it is."""
+    if setting != "auto":
+        return setting
+    if num_nodes == 1:
+        return "shm"
+    return "tcp" if num_nodes == world_size else "mixed"
+
+
+def wait_policy(settings: Settings, local_world_size: int, transport: str, cpus: int) -> tuple[int, int]:
+    """(spin, yield) microseconds of a waiting rank; ``auto`` (None in ``settings``) decides from the
+    number of CPUs and of ranks on this host. Every rank on a core of its own: poll briefly, then yield
+    briefly (in case the scheduler put a peer on this very core), then sleep. More ranks than cores:
+    never spin (it steals the core the peer needs) but yield for a while before sleeping. Over TCP only
+    (every peer on another host) never spin: the network is slow to answer, so sleep on the transport
+    rather than burn a core."""
+    oversubscribed = local_world_size > cpus
+    spin = settings.spin_us
+    if spin is None:
+        spin = 0 if oversubscribed else DEFAULT_SPIN_US
+    yield_us = settings.yield_us
+    if yield_us is None:
+        yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
+    if transport == "tcp":
+        spin = 0
+    return spin, yield_us
+
+
+def ranks_per_host(hosts: Sequence[str]) -> int | None:
+    """Ranks per host when every host holds equally many ranks, numbered host by host (as torchrun,
+    mpirun's default mapping, srun's block distribution and ``pycoll run`` number them), else None.
+    From the host list alone, which every rank has: every rank reaches the same answer."""
+    hosts = list(hosts)
+    size = hosts.count(hosts[0])
+    world = len(hosts)
+    expected = [hosts[(r // size) * size] for r in range(world)]
+    if world % size or hosts != expected or len(set(expected)) != world // size:
+        return None
+    return size
+
+
+def spans_equal_hosts(hosts: Sequence[str]) -> bool:
+    """Whether the ranks sit on several hosts with the same number (more than one) of ranks each,
+    numbered host by host: where ``algorithm="auto"`` all-reduces with ``hierarchical``."""
+    if len(set(hosts)) < 2:
+        return False
+    size = ranks_per_host(hosts)
+    return size is not None and size > 1
+
+
+def uses_calibration(transport: str) -> bool:
+    """Whether a calibration of this host applies: calibrations are of this host's shared memory."""
+    return transport == "shm"
+
+
+def default_model(transport: str, *, workers: int, segment_bytes: int, fragment_bytes: int) -> Model:
+    """The cost model when no calibration applies: the defaults of the link the transport implies.
+    Over TCP the link is unknown until calibrated: assume 10 GbE, the common slow case ("mixed": the slow
+    links decide)."""
+    link = "shm" if transport == "shm" else "eth10"
+    model = Model.for_link(link, workers=workers, segment_bytes=segment_bytes)
+    return replace(model, fragment_bytes=fragment_bytes)
+
+
+# ---- each call ------------------------------------------------------------------------------------------
+def algorithm(
+    comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int, gpu: bool = False
+) -> str:
+    """``algorithm``, validated; ``auto``: the one the communicator's cost model predicts fastest, and on
+    GPU memory NCCL's own collective."""
+    valid = ALGORITHMS[collective]
+    if gpu:
+        if algorithm == "auto":
+            return "nccl"
+        valid = ("nccl", *valid)
+    elif algorithm == "nccl":
+        raise InvalidUsageError(
+            "algorithm='nccl' runs on GPU memory (torch CUDA tensors, CuPy, numba); "
+            "these arrays are in host memory"
+        )
+    if algorithm == "auto":
+        if collective == "allreduce" and comm.spans_equal_hosts:
+            return "hierarchical"  # the cost model knows shared memory only; see auto_compressed_algorithm
+        return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
+    if algorithm not in valid:
+        raise InvalidUsageError(
+            f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"
+        )
+    return algorithm
+
+
+def auto_compressed_algorithm(comm: Communicator) -> str:
+    """The all-reduce plan ``algorithm="auto"`` runs with a fixed codec: ``hierarchical`` on several hosts
+    of equal size (more than one rank each: the codec only on the links between hosts, each host's sum
+    exact, every rank's link used), else direct (two-shot: each element quantized at most twice)."""
+    return "hierarchical" if comm.spans_equal_hosts else DEFAULT_COMPRESSED_ALGORITHM
+
+
+def compression(
+    comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None
+) -> tuple[Codec | None, str | None]:
+    """``compression="auto"``: the codec (or None) and algorithm the cost model predicts fastest within
+    the error budget; no codec for data or operators compression does not support."""
+    budget = DEFAULT_ERROR_BUDGET if error_budget is None else error_budget
+    if not budget >= 0:
+        raise InvalidUsageError(f"error_budget must be a relative error >= 0, got {error_budget}")
+    if residual is not None:
+        raise InvalidUsageError(
+            'residual= (error feedback) needs a fixed codec; compression="auto" may pick none for some sizes'
+        )
+    if buf.dtype not in CODEC_DTYPES or op.lower() not in ("sum", "avg"):
+        return None, None
+    f32_bytes = buf.count * 4  # compressed all-reduces run on float32
+    name, chosen = comm.model.choose_compression(comm.world_size, f32_bytes, error_budget=budget)
+    if name == "none":
+        return None, None
+    return get_codec(name), chosen
