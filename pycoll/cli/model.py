@@ -69,7 +69,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _model(name: str, ranks: int) -> Any:
     from pycoll.tuning import Model
-    from pycoll.tuning.calibrate import load_model, shm_fragment_bytes, shm_segment_bytes
+    from pycoll.tuning.persist import load_model, shm_fragment_bytes, shm_segment_bytes
 
     if name == "shm":
         segment, fragment = shm_segment_bytes(ranks), shm_fragment_bytes(ranks)

@@ -31,7 +31,7 @@ import numpy as np
 
 from pycoll.benchmark import parse_size
 from pycoll.env import usable_cpus
-from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
+from pycoll.tuning.links import device_for, link_named
 from pycoll.tuning.model import (
     C_ALPHA,
     C_DECODED,
@@ -43,19 +43,16 @@ from pycoll.tuning.model import (
     correction_key,
     plan_costs,
 )
+from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes, tuning_file
 
 __all__ = [
     "Measurement",
     "fit",
     "format_fit",
-    "load_model",
     "measure",
     "save_model",
     "last_level_cache_bytes",
-    "shm_fragment_bytes",
-    "shm_segment_bytes",
     "starting_model",
-    "tuning_file",
 ]
 
 ALGORITHMS = ("ring", "direct", "tree")
@@ -74,32 +71,6 @@ class Measurement:
     codec: str
     bytes: int
     time_s: float
-
-
-def tuning_file() -> Path:
-    """Where calibrations are saved: ``$PYCOLL_TUNING_FILE`` or ``~/.cache/pycoll/tuning.json``.
-    ``PYCOLL_TUNING_FILE=none`` makes ``load_model`` ignore any calibration (the built-in defaults)."""
-    env = os.environ.get("PYCOLL_TUNING_FILE")
-    if env:
-        return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "pycoll" / "tuning.json"
-
-
-def shm_segment_bytes(world: int) -> int:
-    """The shared-memory transport's message size (half a ring of slots; csrc/transport/shm.h) under the
-    current environment's settings."""
-    from pycoll.env import Settings
-
-    settings = Settings.from_environ()
-    return settings.slot_bytes_for(world) * settings.shm_slots // 2
-
-
-def shm_fragment_bytes(world: int) -> int:
-    """The shared-memory transport's fragment: one ring slot (csrc/transport/shm.h)."""
-    from pycoll.env import Settings
-
-    return Settings.from_environ().slot_bytes_for(world)
 
 
 def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
@@ -325,28 +296,6 @@ def fit(
 # Saving and loading.
 
 
-def model_to_dict(model: Model) -> dict[str, Any]:
-    """``model`` as plain JSON-able data (``model_from_dict`` reads it back)."""
-    return {
-        "link": model.link.to_dict(),
-        "device": model.device.to_dict(),
-        "segment_bytes": model.segment_bytes,
-        "fragment_bytes": model.fragment_bytes,
-        "origin": model.origin,
-    }
-
-
-def model_from_dict(data: dict[str, Any]) -> Model:
-    fragment = data.get("fragment_bytes")
-    return Model(
-        LinkProfile.from_dict(data["link"]),
-        DeviceProfile.from_dict(data["device"]),
-        int(data["segment_bytes"]),
-        None if fragment is None else int(fragment),
-        origin=str(data.get("origin", "")),
-    )
-
-
 def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | None = None) -> Path:
     """Write ``model``'s link and device to ``path`` (default ``tuning_file()``) for this host."""
     path = path or tuning_file()
@@ -364,31 +313,6 @@ def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | 
         json.dump(data, f, indent=1)
     os.replace(tmp, path)  # readers never see half a file
     return path
-
-
-def load_model(
-    path: Path | None = None,
-    *,
-    segment_bytes: int | None = None,
-    fragment_bytes: int | None = None,
-    workers: int | None = None,
-) -> Model | None:
-    """The calibrated shared-memory model saved on this host, or None (no file, another host's file, or
-    an unreadable one)."""
-    if path is None and os.environ.get("PYCOLL_TUNING_FILE", "").strip().lower() == "none":
-        return None
-    path = path or tuning_file()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("host") != platform.node():
-            return None
-        link = LinkProfile.from_dict(data["link"])
-        device = DeviceProfile.from_dict(data["device"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if workers is not None:
-        device = replace(device, workers=workers)
-    return Model(link, device, segment_bytes or 512 * 1024, fragment_bytes, origin=str(path))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from _inputs import digest
 import pycoll
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning import Model
-from pycoll.tuning.calibrate import load_model, model_to_dict
+from pycoll.tuning.persist import load_model, model_to_dict
 
 
 def gaussian(rank: int, count: int, seed: int) -> np.ndarray:

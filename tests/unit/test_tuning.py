@@ -15,14 +15,7 @@ from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.algorithms.simulate import simulate
 from pycoll.compression import get_codec
 from pycoll.tuning import LINKS, DeviceProfile, LinkProfile, Model, expected_error
-from pycoll.tuning.calibrate import (
-    Measurement,
-    fit,
-    load_model,
-    model_from_dict,
-    model_to_dict,
-    save_model,
-)
+from pycoll.tuning.calibrate import Measurement, fit, save_model
 from pycoll.tuning.model import (
     DECODED,
     ENCODED,
@@ -32,6 +25,7 @@ from pycoll.tuning.model import (
     latency_hops,
     step_loads,
 )
+from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
 
 SEG = 4096  # elements per message in the plan-level tests
 
@@ -245,7 +239,7 @@ def test_auto_compression_respects_the_budget() -> None:
 
 
 def _synthetic(model: Model) -> list[Measurement]:
-    from pycoll.tuning.calibrate import shm_fragment_bytes, shm_segment_bytes
+    from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes
 
     points = []
     for world in (2, 3, 4):
@@ -410,7 +404,7 @@ def test_fit_keeps_the_residuals_as_corrections() -> None:
     odd = points[7]
     points[7] = Measurement(odd.world, odd.algorithm, odd.codec, odd.bytes, odd.time_s * 3)  # one stall
     fitted, _ = fit(points, workers=2)
-    from pycoll.tuning.calibrate import shm_fragment_bytes, shm_segment_bytes
+    from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes
 
     at = replace(
         fitted, segment_bytes=shm_segment_bytes(odd.world), fragment_bytes=shm_fragment_bytes(odd.world)
