@@ -238,3 +238,8 @@ def master_address(environ: Mapping[str, str] | None = None) -> tuple[str | None
     """``(MASTER_ADDR, MASTER_PORT)`` as set by a launcher, each None when unset or empty."""
     env = os.environ if environ is None else environ
     return env.get("MASTER_ADDR") or None, env.get("MASTER_PORT") or None
+
+
+def environ_with(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``extra`` added (the environment of ranks a tool starts)."""
+    return {**os.environ, **extra}

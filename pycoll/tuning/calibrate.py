@@ -1,26 +1,25 @@
-"""Calibration: fit the cost model's parameters to all-reduces measured on this machine, save, load.
+"""Calibration: fit the cost model's parameters to all-reduces measured on this machine, and save them.
 
-``pycoll bench --calibrate`` (whose ``measure`` starts ``python -m pycoll.tuning.calibrate --worker``
-ranks) times pycoll's all-reduce over shared memory for every algorithm (and the codecs), on several
-world sizes, sizes 4 KiB..64 MiB, with the timing loop of ``pycoll bench`` (pycoll/benchmark.py:
+``pycoll bench --calibrate`` (whose ``measure`` runs one ``pycoll.bench.jobs.Job`` per world size and
+round) times pycoll's all-reduce over shared memory for every algorithm (and the codecs), on several
+world sizes, sizes 4 KiB..64 MiB, with the timing loop of ``pycoll bench`` (pycoll/bench/timing.py:
 slowest rank, median over iterations, variants interleaved size by size; rounds interleaved, median per
 point). It then fits the shared-memory link and CPU parameters of ``pycoll.tuning.links`` (``fit``:
 latency, copy and memory bandwidth, cache size, per-algorithm efficiencies, a factor on the codecs'
 rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double), and saves
 them as JSON to ``tuning_file()`` (``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``).
-``load_model`` reads them back for ``algorithm="auto"`` / ``compression="auto"``; a file written on
-another host is ignored.
+``pycoll.tuning.persist.load_model`` reads them back for ``algorithm="auto"`` / ``compression="auto"``;
+a file written on another host is ignored. This module sits on top of the core (it imports the
+benchmark package and the launcher); the core never imports it.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
 import os
 import platform
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from pycoll.benchmark import parse_size
 from pycoll.env import usable_cpus
 from pycoll.tuning.links import device_for, link_named
 from pycoll.tuning.model import (
@@ -87,7 +85,6 @@ def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
         if digits.isdigit():
             sizes.append(int(digits) * scale)
     return max(sizes) if sizes else None
-
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -319,48 +316,6 @@ def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | 
 # Measuring: one job per world size, every (algorithm, codec) interleaved size by size.
 
 
-def _worker(args: argparse.Namespace) -> int:
-    import pycoll
-    from pycoll import benchmark
-
-    comm = pycoll.init()
-    try:
-        from pycoll.cli.bench import make_variants
-
-        codecs = args.codecs.split(",")
-        variants = make_variants(args.algorithms.split(","), [c for c in codecs if c != "auto"])
-        if "auto" in codecs:  # compression="auto" picks its algorithm too
-
-            def auto(x: np.ndarray) -> None:
-                pycoll.allreduce(x, compression="auto", error_budget=args.error_budget)
-
-            variants.append(benchmark.Variant("auto", auto, library="pycoll", algorithm="auto"))
-
-        def reduce_max(a: np.ndarray) -> np.ndarray:
-            pycoll.allreduce(a, op="max")
-            return a
-
-        results = benchmark.run_interleaved_sweep(
-            variants,
-            pycoll.barrier,
-            reduce_max,
-            comm.rank,
-            comm.world_size,
-            min_bytes=args.minbytes,
-            max_bytes=args.maxbytes,
-            factor=args.factor,
-            check=False,
-        )
-        if comm.rank == 0:
-            with open(args.out, "w", encoding="utf-8") as f:
-                for r in results:
-                    point = Measurement(comm.world_size, r.algorithm, r.codec, r.bytes, r.time_us * 1e-6)
-                    f.write(json.dumps(point.__dict__) + "\n")
-    finally:
-        pycoll.finalize(comm)
-    return 0
-
-
 def measure(worlds: Sequence[int] = DEFAULT_WORLDS, **options: Any) -> list[Measurement]:
     """``measure_rounds(worlds, **options)``, and the median over the rounds of each point."""
     return median_of(measure_rounds(worlds, **options))
@@ -393,46 +348,39 @@ def measure_rounds(
     of each round. ``algorithms`` may include "auto" and ``codecs`` "auto" (``compression="auto"``
     with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a ``PYCOLL_TUNING_FILE``
     for auto to choose by)."""
-    from pycoll.bootstrap.spawn import module_command
-    from pycoll.cli.run import launch
+    from pycoll.bench.jobs import Job, run_job
 
     out: list[list[Measurement]] = []
-    with tempfile.TemporaryDirectory(prefix="pycoll-calibrate-") as tmp:
-        for round_ in range(rounds):
-            points: list[Measurement] = []
-            for world in worlds:
-                path = os.path.join(tmp, f"world{world}-{round_}.jsonl")
-                cmd = module_command(
-                    "pycoll.tuning.calibrate",
-                    [
-                        "--worker",
-                        "--out",
-                        path,
-                        "-b",
-                        str(min_bytes),
-                        "-e",
-                        str(max_bytes),
-                        "-f",
-                        str(factor),
-                        "--algorithms",
-                        ",".join(algorithms),
-                        "--codecs",
-                        ",".join(codecs),
-                        "--error-budget",
-                        repr(error_budget),
-                    ],
+    for round_ in range(rounds):
+        points: list[Measurement] = []
+        for world in worlds:
+            job = Job(
+                ranks=world,
+                minbytes=min_bytes,
+                maxbytes=max_bytes,
+                stepfactor=factor,
+                check=0,
+                algorithm=tuple(algorithms),
+                compression=tuple(codecs),
+                error_budget=error_budget,
+                table=False,
+                progress="off",
+                env=env,
+            )
+            if log:
+                log(
+                    f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
+                    f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes"
                 )
-                if log:
-                    log(
-                        f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
-                        f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes"
-                    )
-                code = launch(world, cmd, env=None if env is None else {**os.environ, **env})
-                if code != 0:
-                    raise RuntimeError(f"the calibration job on {world} ranks failed (exit code {code})")
-                with open(path, encoding="utf-8") as f:
-                    points.extend(Measurement(**json.loads(line)) for line in f if line.strip())
-            out.append(points)
+            done = run_job(job)
+            if not done.ok:
+                raise RuntimeError(
+                    f"the calibration job on {world} ranks failed (exit code {done.returncode})"
+                )
+            points.extend(
+                Measurement(world, r.algorithm, r.codec, r.bytes, r.time_us * 1e-6) for r in done.results
+            )
+        out.append(points)
     return out
 
 
@@ -445,21 +393,6 @@ def read_measurements(path: str) -> list[Measurement]:
 def write_measurements(path: str, points: Sequence[Measurement]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(p.__dict__) + "\n" for p in points)
-
-
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pycoll.tuning.calibrate --worker ...``: one rank of a measuring job (``measure``
-    starts them). Calibrating from the command line is ``pycoll bench --calibrate``."""
-    parser = argparse.ArgumentParser(prog="python -m pycoll.tuning.calibrate")
-    parser.add_argument("--worker", action="store_true", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=4096)
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
-    parser.add_argument("-f", "--factor", type=int, default=4)
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
-    parser.add_argument("--error-budget", type=float, default=1e-2)
-    return _worker(parser.parse_args(argv))
 
 
 def format_fit(report: dict[str, Any]) -> str:
@@ -483,7 +416,3 @@ def format_fit(report: dict[str, Any]) -> str:
             f"{p['time_s'] * 1e6:>12.1f} {p['predicted_s'] * 1e6:>12.1f} {p['rel_error']:>+7.0%}"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())
