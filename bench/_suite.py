@@ -7,7 +7,7 @@ after the ranks combined their clocks. pytest-benchmark times a callable in the 
 cannot measure that. So the measuring happens in a multi-rank **job** per world size: ``pycoll bench
 --worker`` ranks (started by ``pycoll bench``, through ``mpirun`` when the MPI baseline is in), every
 variant (pycoll's algorithm x codec, Gloo, Open MPI, NCCL) interleaved size by size, writing JSON lines
-whose ``times_us`` are the per-iteration slowest-rank times (pycoll/benchmark.py). The rank processes
+whose ``times_us`` are the per-iteration slowest-rank times (pycoll/bench/timing.py). The rank processes
 never run inside pytest. ``JobCache`` (a session fixture) runs each world's job on first use, with a
 timeout, and keeps its records, or its error, which every case of that job then fails with.
 
@@ -101,7 +101,7 @@ class Point:
 
     @property
     def label(self) -> str:
-        from pycoll.benchmark import variant_label
+        from pycoll.bench.timing import variant_label
 
         return variant_label(self.library, self.algorithm, self.codec)
 
@@ -148,7 +148,7 @@ class Grid:
 
     def sweep(self) -> tuple[int, int, int]:
         """(-b, -e, -f) of ``pycoll bench`` giving exactly ``sizes`` (which must be geometric)."""
-        from pycoll.benchmark import sweep_sizes
+        from pycoll.bench.timing import sweep_sizes
 
         sizes = self.sizes
         factor = sizes[1] // sizes[0] if len(sizes) > 1 else 2
@@ -208,7 +208,7 @@ def _tail(text: str, lines: int = 25) -> str:
 
 def run_job(cmd: list[str], json_path: Path, timeout_s: float, world: int) -> Job:
     """Run one job, killing it (and its ranks) past ``timeout_s``; its records keyed by point."""
-    from pycoll.benchmark import read_json_lines
+    from pycoll.bench.report import read_json_lines
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)

@@ -14,7 +14,7 @@
 (b) Choosing block sizes: int8 and int4 with blocks {16, ..., 512}: wire bytes per element (scales
     included), compression ratio vs float32, and the two-shot relative error at worlds 4 and 8, with
     nearest and stochastic rounding, and the error as a fraction of the target.
-(c) Effective bandwidth on shared memory: ``pycoll bench`` (the nccl-tests loop of pycoll/benchmark.py)
+(c) Effective bandwidth on shared memory: ``pycoll bench`` (the nccl-tests loop of pycoll/bench/timing.py)
     with ``--compression none,fp16,bf16,int8,int4`` (variants interleaved size by size) at 1, 16 and
     64 MiB on 2 and 4 ranks, repeated ``--rounds`` times; time is the median over rounds (bandwidths
     are derived from it), and "x none" the median over rounds of the per-round ratio of the codec's
@@ -25,7 +25,7 @@
 
 Ranks are started with pycoll's launcher (``python -m pycoll.run -n W bench/codec_accuracy.py --worker``);
 rank 0 rebuilds every rank's input (a pure function of rank, count and seed) and writes its figures
-to a JSON file this process reads. Inputs are ``pycoll.benchmark.gaussian_input``, as ``pycoll bench``.
+to a JSON file this process reads. Inputs are ``pycoll.bench.inputs.gaussian_input``, as ``pycoll bench``.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _l2(a: np.ndarray) -> float:
 
 def worker(args: argparse.Namespace) -> int:
     import pycoll
-    from pycoll.benchmark import gaussian_input
+    from pycoll.bench.inputs import gaussian_input
     from pycoll.compression.bounds import SumBound
 
     comm = pycoll.init()
@@ -214,7 +214,8 @@ def _run_bench(ranks: int, size: int, out: str) -> list[dict[str, Any]]:
 
 
 def table_c(args: argparse.Namespace, tmp: str) -> tuple[str, list[dict[str, Any]]]:
-    from pycoll.benchmark import format_size, memcpy_bandwidth
+    from pycoll.bench.report import format_size
+    from pycoll.bench.timing import memcpy_bandwidth
 
     records: list[dict[str, Any]] = []
     memcpy = []
@@ -261,7 +262,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _size_list(text: str) -> list[int]:
-    from pycoll.benchmark import parse_size
+    from pycoll.bench.options import parse_size
 
     return [parse_size(v) for v in text.split(",") if v.strip()]
 

@@ -257,7 +257,7 @@ def job_from_args(args: argparse.Namespace) -> Job:
     """The ``Job`` that ``args`` (``pycoll bench``'s flags) describe; ``--json`` and ``--plot`` made
     absolute (the ranks may start elsewhere)."""
     return Job(
-        ranks=args.ranks,
+        ranks=getattr(args, "ranks", DEFAULT_RANKS),
         minbytes=args.minbytes,
         maxbytes=args.maxbytes,
         stepfactor=args.stepfactor,
