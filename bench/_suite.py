@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycoll.bootstrap.spawn import module_command
+from pycoll.bench import jobs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,17 +159,20 @@ class Grid:
     def command(self, world: int, json_path: str) -> list[str]:
         """The job measuring every point of ``world``: ``pycoll bench`` with all variants."""
         low, high, factor = self.sweep()
-        cmd = module_command("pycoll.cli.bench", ["--ranks", str(world)])
-        cmd += ["-b", str(low), "-e", str(high), "-f", str(factor)]
-        cmd += ["--algorithm", ",".join(self.algorithms), "--compression", ",".join(self.codecs)]
-        baselines = self.available_baselines(world)
-        if baselines:
-            cmd += ["--baseline", ",".join(baselines)]
-        if self.iters is not None:
-            cmd += ["-n", str(self.iters)]
-        if self.warmup is not None:
-            cmd += ["-w", str(self.warmup)]
-        return [*cmd, "--progress", "off", "--json", json_path]
+        job = jobs.Job(
+            ranks=world,
+            minbytes=low,
+            maxbytes=high,
+            stepfactor=factor,
+            iters=self.iters,
+            warmup_iters=self.warmup,
+            algorithm=tuple(self.algorithms),
+            compression=tuple(self.codecs),
+            baseline=tuple(self.available_baselines(world)),
+            json=json_path,
+            progress="off",
+        )
+        return jobs.job_command(job)
 
 
 def parse_list(text: str) -> list[str]:

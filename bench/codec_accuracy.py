@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from pycoll.bootstrap.spawn import module_command
+from pycoll.bench import jobs
 
 REPO = Path(__file__).resolve().parents[1]
 CODECS = ("fp16", "bf16", "int8", "int4")
@@ -147,7 +147,7 @@ def _launch_accuracy(world: int, parts: str, args: argparse.Namespace, tmp: str)
     worker = [str(Path(__file__).resolve()), "--worker", "--out", out, "--count", str(args.count),
               "--trials", str(args.trials), "--parts", parts,
               "--block-worlds", ",".join(map(str, args.block_worlds))]
-    cmd = module_command("pycoll.run", ["-n", str(world), *worker])
+    cmd = jobs.script_command(world, worker[0], worker[1:])
     subprocess.run(cmd, cwd=REPO, check=True)
     return json.loads(Path(out).read_text())
 
@@ -207,8 +207,8 @@ def table_b(runs: dict[int, dict[str, Any]], block_worlds: list[int]) -> str:
 
 
 def _run_bench(ranks: int, size: int, out: str) -> list[dict[str, Any]]:
-    cmd = module_command("pycoll.cli.bench", ["--ranks", str(ranks), "-b", str(size), "-e", str(size),
-                                              "--compression", ",".join(BENCH_CODECS), "--json", out])
+    job = jobs.Job(ranks=ranks, minbytes=size, maxbytes=size, compression=BENCH_CODECS, json=out)
+    cmd = jobs.job_command(job)
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
 

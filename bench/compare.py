@@ -39,9 +39,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from pycoll.bench import options, report, timing  # noqa: E402  (no native module needed here)
+from pycoll.bench import jobs, options, report, timing  # noqa: E402  (no native module needed here)
 from pycoll.bench.baselines import mpirun_command  # noqa: E402
-from pycoll.bootstrap.spawn import module_command  # noqa: E402
 
 LIBRARIES = ("pycoll", "mpi", "gloo")
 LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo"}
@@ -95,8 +94,19 @@ def command_for(library: str, world: int, json_path: str, args: argparse.Namespa
     py = sys.executable
     flags = [*sweep_flags(args), "--json", json_path]
     if library == "pycoll":
-        return module_command("pycoll.cli.bench", ["--ranks", str(world), "--algorithm", args.algorithm,
-                                                    *flags])
+        job = jobs.Job(
+            ranks=world,
+            minbytes=args.minbytes,
+            maxbytes=args.maxbytes,
+            stepfactor=args.stepfactor,
+            iters=args.iters,
+            warmup_iters=args.warmup_iters,
+            check=args.check,
+            algorithm=tuple(options.parse_algorithms(args.algorithm)),
+            json=json_path,
+            progress="off",  # what `pycoll bench` picks when its stderr is captured
+        )
+        return jobs.job_command(job)
     if library == "mpi":
         script = str(HERE / "baselines" / "mpi_allreduce.py")
         return mpirun_command(world, [py, script, *flags])
@@ -317,8 +327,8 @@ def markdown(
     if memcpy:
         rw = [m["rw_GBps"] for m in memcpy]
         lines += [
-            f"Single-process memcpy of {report.format_size(int(memcpy[0]['bytes']))} (numpy copy, bytes read + "
-            f"written): median {statistics.median(rw):.1f} GB/s (rounds: "
+            f"Single-process memcpy of {report.format_size(int(memcpy[0]['bytes']))} (numpy copy, bytes "
+            f"read + written): median {statistics.median(rw):.1f} GB/s (rounds: "
             + ", ".join(f"{v:.1f}" for v in rw)
             + "). CPUs busy with other work just before each round: "
             + ", ".join(f"{m.get('other_cpu_busy', float('nan')):.0%}" for m in memcpy)

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 import netns  # noqa: E402  (tests/netns.py)
 
-from pycoll.bench import options, report, timing  # noqa: E402
+from pycoll.bench import jobs, options, report, timing  # noqa: E402
 
 DEFAULT_SIZES = "1,4,16,64,256"
 QUICK_SIZES = "1,16"
@@ -214,16 +214,20 @@ def run_jobs(
     records: list[dict[str, Any]] = []
     for index, (lo, hi, f) in enumerate(sweeps):
         out = work / f"h{len(hosts)}-{index}.jsonl"
-        program = ["-m", "pycoll.cli.bench", "--worker", "-b", str(lo), "-e", str(hi), "-f", str(f),
-                   "-c", str(args.check), "--algorithm", ",".join(algorithms),
-                   "--compression", ",".join(args.codecs), "--json", str(out),
-                   "--progress", "off"]  # fmt: skip
-        if not args.no_gloo:
-            program += ["--baseline", "gloo"]
-        if args.iters is not None:
-            program += ["-n", str(args.iters)]
-        if args.warmup is not None:
-            program += ["-w", str(args.warmup)]
+        job = jobs.Job(
+            minbytes=lo,
+            maxbytes=hi,
+            stepfactor=f,
+            check=args.check,
+            algorithm=tuple(algorithms),
+            compression=tuple(args.codecs),
+            baseline=() if args.no_gloo else ("gloo",),
+            iters=args.iters,
+            warmup_iters=args.warmup,
+            json=str(out),
+            progress="off",
+        )
+        program = jobs.rank_arguments(job)  # started by each host's `pycoll run`
         env = dict(os.environ, PYCOLL_TIMEOUT=str(min(600.0, args.timeout)))
         env.pop("PYCOLL_TRANSPORT", None)  # auto: TCP, the hosts being several
         n_sizes = len(timing.sweep_sizes(lo, hi, f))
@@ -383,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
 
     from pycoll.algorithms import ALGORITHMS
-    from pycoll.cli.bench import ALGORITHMS as BENCH_ALGORITHMS
+    from pycoll.bench.options import ALGORITHMS as BENCH_ALGORITHMS
 
     notes, algorithms = [], []
     for name in args.algorithms:

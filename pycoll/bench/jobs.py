@@ -17,7 +17,8 @@ environment) and ``prefix`` (a wrapper command the launcher runs under, e.g. ``[
 the ranks as JSON (``to_json`` / ``from_json``).
 
 ``python -m pycoll.bench.jobs --job JSON`` runs ``run_job`` in a process of its own (what a script
-with a timeout on the whole job starts: ``job_command``).
+with a timeout on the whole job starts: ``job_command``). A benchmark whose ranks run a script of its
+own starts them with ``script_command`` (``pycoll run -n N script``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,16 @@ from pycoll.bootstrap.spawn import module_command
 if TYPE_CHECKING:
     from pycoll.bench.timing import Result
 
-__all__ = ["Job", "JobResult", "job_command", "rank_arguments", "rank_command", "run_job"]
+__all__ = [
+    "Job",
+    "JobResult",
+    "job_command",
+    "launch_command",
+    "rank_arguments",
+    "rank_command",
+    "run_job",
+    "script_command",
+]
 
 #: The module a rank runs (``pycoll.bench.worker``).
 WORKER_MODULE = "pycoll.bench.worker"
@@ -147,7 +157,8 @@ def launch_command(job: Job) -> list[str]:
 
         cmd = mpirun_command(job.ranks, rank_command(job))
     else:
-        cmd = module_command("pycoll.run", ["-n", str(job.ranks), *rank_arguments(job)])
+        rank = rank_arguments(job)
+        cmd = script_command(job.ranks, rank[0], rank[1:])
     return [*job.prefix, *cmd]
 
 
@@ -156,6 +167,13 @@ def job_command(job: Job) -> list[str]:
     pycoll.bench.jobs``), for a caller that puts a timeout on the whole job or captures its output;
     ``job.env`` must then be given to that process."""
     return module_command("pycoll.bench.jobs", ["--job", job.to_json()])
+
+
+def script_command(ranks: int, script: str, args: Sequence[str] = ()) -> list[str]:
+    """The command that starts ``ranks`` local copies of a Python script of the caller's own with
+    ``args`` under ``pycoll run`` (of the pycoll running this), for a benchmark whose ranks run code
+    other than ``pycoll.bench.worker`` (bench/codec_accuracy.py, bench/ddp_hooks.py)."""
+    return module_command("pycoll.run", ["-n", str(ranks), script, *args])
 
 
 def run_job(job: Job) -> JobResult:
