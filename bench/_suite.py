@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycoll.bench import jobs
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -158,6 +156,8 @@ class Grid:
 
     def command(self, world: int, json_path: str) -> list[str]:
         """The job measuring every point of ``world``: ``pycoll bench`` with all variants."""
+        from pycoll.bench import jobs
+
         low, high, factor = self.sweep()
         job = jobs.Job(
             ranks=world,
