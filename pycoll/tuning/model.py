@@ -502,7 +502,6 @@ class Model:
         # grows linearly; predict two sizes that far and extend the line (a 1 GiB all-reduce on 16 ranks
         # would otherwise walk ~250,000 ops on its first call).
         segments = count * wire_itemsize / max(world, 1) / self.segment_bytes
-
         def run(n: int) -> tuple[float, int]:
             """(seconds, steps) of the plans for ``n`` elements, timed at the call's size."""
             segment = self.segment_bytes
