@@ -28,17 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from pycoll.bench import options, report
-from pycoll.tuning.calibrate import (
-    Measurement,
-    fit,
-    format_fit,
-    measure_rounds,
-    median_of,
-    save_model,
-    shm_fragment_bytes,
-    shm_segment_bytes,
-)
+from pycoll.tuning.calibrate import Measurement, fit, format_fit, measure_rounds, median_of
 from pycoll.tuning.model import expected_error
+from pycoll.tuning.persist import save_model, shm_fragment_bytes, shm_segment_bytes
 
 FIXED = ("ring", "direct", "tree")
 CODECS = ("none", "int8")

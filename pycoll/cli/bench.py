@@ -300,6 +300,7 @@ def main(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     """``--calibrate``: pycoll.tuning.calibrate on world sizes 2..--ranks, saved to this host's file."""
     from pycoll.tuning import calibrate
+    from pycoll.tuning.persist import save_model
 
     if args.ranks < 2:
         print(f"pycoll bench: --calibrate needs --ranks >= 2, got {args.ranks}", file=sys.stderr)
@@ -321,7 +322,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"pycoll bench: {exc}", file=sys.stderr)
         return 1
     print(calibrate.format_fit(report))
-    print(f"saved to {calibrate.save_model(model, report)} (PYCOLL_TUNING_FILE overrides; =none ignores it)")
+    print(f"saved to {save_model(model, report)} (PYCOLL_TUNING_FILE overrides; =none ignores it)")
     return 0
 
 

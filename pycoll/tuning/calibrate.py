@@ -1,4 +1,4 @@
-"""Calibration: fit the cost model's parameters to all-reduces measured on this machine, and save them.
+"""Calibration: fit the cost model's parameters to all-reduces measured on this machine.
 
 ``pycoll bench --calibrate`` (whose ``measure`` runs one ``pycoll.bench.jobs.Job`` per world size and
 round) times pycoll's all-reduce over shared memory for every algorithm (and the codecs), on several
@@ -6,21 +6,17 @@ world sizes, sizes 4 KiB..64 MiB, with the timing loop of ``pycoll bench`` (pyco
 slowest rank, median over iterations, variants interleaved size by size; rounds interleaved, median per
 point). It then fits the shared-memory link and CPU parameters of ``pycoll.tuning.links`` (``fit``:
 latency, copy and memory bandwidth, cache size, per-algorithm efficiencies, a factor on the codecs'
-rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double), and saves
-them as JSON to ``tuning_file()`` (``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``).
-``pycoll.tuning.persist.load_model`` reads them back for ``algorithm="auto"`` / ``compression="auto"``;
-a file written on another host is ignored. This module sits on top of the core (it imports the
+rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double).
+``pycoll.tuning.persist`` saves the fit as JSON (``save_model``, to ``tuning_file()``:
+``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``) and reads it back (``load_model``) for
+``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored. This module sits on top of the core (it imports the
 benchmark package and the launcher); the core never imports it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
-import os
-import platform
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,14 +37,13 @@ from pycoll.tuning.model import (
     correction_key,
     plan_costs,
 )
-from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes, tuning_file
+from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes
 
 __all__ = [
     "Measurement",
     "fit",
     "format_fit",
     "measure",
-    "save_model",
     "last_level_cache_bytes",
     "starting_model",
 ]
@@ -291,25 +286,6 @@ def fit(
 
 # ---------------------------------------------------------------------------------------------------
 # Saving and loading.
-
-
-def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | None = None) -> Path:
-    """Write ``model``'s link and device to ``path`` (default ``tuning_file()``) for this host."""
-    path = path or tuning_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "host": platform.node(),
-        "cpus": usable_cpus(),
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "link": model.link.to_dict(),
-        "device": model.device.to_dict(),
-        "fit": report or {},
-    }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)  # readers never see half a file
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------

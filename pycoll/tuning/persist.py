@@ -1,12 +1,12 @@
 """The cost model's persistence: what the core may load (``load_model``) and the file it lives in.
 
 A calibration (``pycoll bench --calibrate``, pycoll/tuning/calibrate.py, which measures and fits and
-sits on top of the core) is saved as JSON to ``tuning_file()`` (``$PYCOLL_TUNING_FILE``, default
-``~/.cache/pycoll/tuning.json``). ``load_model`` reads it back for ``algorithm="auto"`` /
-``compression="auto"``; a file written on another host is ignored. ``model_to_dict`` /
-``model_from_dict`` carry a model between ranks (rank 0 loads, the others read it from the store).
-``shm_segment_bytes`` / ``shm_fragment_bytes`` are the shared-memory transport's sizes the model
-predicts with.
+sits on top of the core) is saved by ``save_model`` as JSON to ``tuning_file()``
+(``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``). ``load_model`` reads it back for
+``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored.
+``model_to_dict`` / ``model_from_dict`` carry a model between ranks (rank 0 loads, the others read it
+from the store). ``shm_segment_bytes`` / ``shm_fragment_bytes`` are the shared-memory transport's sizes
+the model predicts with.
 
 This module imports neither the benchmark package nor calibration, nor argparse: ``pycoll.comm``
 imports it.
@@ -14,13 +14,16 @@ imports it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
 import platform
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pycoll.env import cache_home, tuning_file_setting
+from pycoll.env import cache_home, tuning_file_setting, usable_cpus
 from pycoll.tuning.links import DeviceProfile, LinkProfile
 from pycoll.tuning.model import Model
 
@@ -28,6 +31,7 @@ __all__ = [
     "load_model",
     "model_from_dict",
     "model_to_dict",
+    "save_model",
     "shm_fragment_bytes",
     "shm_segment_bytes",
     "tuning_file",
@@ -79,6 +83,25 @@ def model_from_dict(data: dict[str, Any]) -> Model:
         None if fragment is None else int(fragment),
         origin=str(data.get("origin", "")),
     )
+
+
+def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | None = None) -> Path:
+    """Write ``model``'s link and device to ``path`` (default ``tuning_file()``) for this host."""
+    path = path or tuning_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "host": platform.node(),
+        "cpus": usable_cpus(),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "link": model.link.to_dict(),
+        "device": model.device.to_dict(),
+        "fit": report or {},
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # readers never see half a file
+    return path
 
 
 def load_model(

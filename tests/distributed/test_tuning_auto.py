@@ -104,7 +104,7 @@ def test_a_calibration_file_steers_auto(tmp_path):
     chooses by."""
     from harness import RankPool
 
-    from pycoll.tuning.calibrate import save_model
+    from pycoll.tuning.persist import save_model
 
     base = Model.for_link("shm", workers=2)
     steering = replace(base, link=replace(base.link, efficiency={"tree": 100.0}), _cache={})

@@ -15,7 +15,7 @@ from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.algorithms.simulate import simulate
 from pycoll.compression import get_codec
 from pycoll.tuning import LINKS, DeviceProfile, LinkProfile, Model, expected_error
-from pycoll.tuning.calibrate import Measurement, fit, save_model
+from pycoll.tuning.calibrate import Measurement, fit
 from pycoll.tuning.model import (
     DECODED,
     ENCODED,
@@ -25,7 +25,7 @@ from pycoll.tuning.model import (
     latency_hops,
     step_loads,
 )
-from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
+from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict, save_model
 
 SEG = 4096  # elements per message in the plan-level tests
 
