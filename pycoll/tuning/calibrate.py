@@ -8,9 +8,10 @@ point). It then fits the shared-memory link and CPU parameters of ``pycoll.tunin
 latency, copy and memory bandwidth, cache size, per-algorithm efficiencies, a factor on the codecs'
 rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double).
 ``pycoll.tuning.persist`` saves the fit as JSON (``save_model``, to ``tuning_file()``:
-``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``) and reads it back (``load_model``) for
-``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored. This module sits on top of the core (it imports the
-benchmark package and the launcher); the core never imports it.
+``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``) and reads it back (``load_model``)
+for ``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored. This
+module sits on top of the core (it imports the benchmark package and the launcher); the core never
+imports it.
 """
 
 from __future__ import annotations
