@@ -7,7 +7,7 @@ after the ranks combined their clocks. pytest-benchmark times a callable in the 
 cannot measure that. So the measuring happens in a multi-rank **job** per world size: ``pycoll bench
 --worker`` ranks (started by ``pycoll bench``, through ``mpirun`` when the MPI baseline is in), every
 variant (pycoll's algorithm x codec, Gloo, Open MPI, NCCL) interleaved size by size, writing JSON lines
-whose ``times_us`` are the per-iteration slowest-rank times (pycoll/benchmark.py). The rank processes
+whose ``times_us`` are the per-iteration slowest-rank times (pycoll/bench/timing.py). The rank processes
 never run inside pytest. ``JobCache`` (a session fixture) runs each world's job on first use, with a
 timeout, and keeps its records, or its error, which every case of that job then fails with.
 
@@ -38,8 +38,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from pycoll.bootstrap.spawn import module_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +99,7 @@ class Point:
 
     @property
     def label(self) -> str:
-        from pycoll.benchmark import variant_label
+        from pycoll.bench.timing import variant_label
 
         return variant_label(self.library, self.algorithm, self.codec)
 
@@ -148,7 +146,7 @@ class Grid:
 
     def sweep(self) -> tuple[int, int, int]:
         """(-b, -e, -f) of ``pycoll bench`` giving exactly ``sizes`` (which must be geometric)."""
-        from pycoll.benchmark import sweep_sizes
+        from pycoll.bench.timing import sweep_sizes
 
         sizes = self.sizes
         factor = sizes[1] // sizes[0] if len(sizes) > 1 else 2
@@ -158,18 +156,23 @@ class Grid:
 
     def command(self, world: int, json_path: str) -> list[str]:
         """The job measuring every point of ``world``: ``pycoll bench`` with all variants."""
+        from pycoll.bench import jobs
+
         low, high, factor = self.sweep()
-        cmd = module_command("pycoll.cli.bench", ["--ranks", str(world)])
-        cmd += ["-b", str(low), "-e", str(high), "-f", str(factor)]
-        cmd += ["--algorithm", ",".join(self.algorithms), "--compression", ",".join(self.codecs)]
-        baselines = self.available_baselines(world)
-        if baselines:
-            cmd += ["--baseline", ",".join(baselines)]
-        if self.iters is not None:
-            cmd += ["-n", str(self.iters)]
-        if self.warmup is not None:
-            cmd += ["-w", str(self.warmup)]
-        return [*cmd, "--progress", "off", "--json", json_path]
+        job = jobs.Job(
+            ranks=world,
+            minbytes=low,
+            maxbytes=high,
+            stepfactor=factor,
+            iters=self.iters,
+            warmup_iters=self.warmup,
+            algorithm=tuple(self.algorithms),
+            compression=tuple(self.codecs),
+            baseline=tuple(self.available_baselines(world)),
+            json=json_path,
+            progress="off",
+        )
+        return jobs.job_command(job)
 
 
 def parse_list(text: str) -> list[str]:
@@ -208,7 +211,7 @@ def _tail(text: str, lines: int = 25) -> str:
 
 def run_job(cmd: list[str], json_path: Path, timeout_s: float, world: int) -> Job:
     """Run one job, killing it (and its ranks) past ``timeout_s``; its records keyed by point."""
-    from pycoll.benchmark import read_json_lines
+    from pycoll.bench.report import read_json_lines
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)

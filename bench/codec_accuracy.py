@@ -14,7 +14,7 @@
 (b) Choosing block sizes: int8 and int4 with blocks {16, ..., 512}: wire bytes per element (scales
     included), compression ratio vs float32, and the two-shot relative error at worlds 4 and 8, with
     nearest and stochastic rounding, and the error as a fraction of the target.
-(c) Effective bandwidth on shared memory: ``pycoll bench`` (the nccl-tests loop of pycoll/benchmark.py)
+(c) Effective bandwidth on shared memory: ``pycoll bench`` (the nccl-tests loop of pycoll/bench/timing.py)
     with ``--compression none,fp16,bf16,int8,int4`` (variants interleaved size by size) at 1, 16 and
     64 MiB on 2 and 4 ranks, repeated ``--rounds`` times; time is the median over rounds (bandwidths
     are derived from it), and "x none" the median over rounds of the per-round ratio of the codec's
@@ -25,7 +25,7 @@
 
 Ranks are started with pycoll's launcher (``python -m pycoll.run -n W bench/codec_accuracy.py --worker``);
 rank 0 rebuilds every rank's input (a pure function of rank, count and seed) and writes its figures
-to a JSON file this process reads. Inputs are ``pycoll.benchmark.gaussian_input``, as ``pycoll bench``.
+to a JSON file this process reads. Inputs are ``pycoll.bench.inputs.gaussian_input``, as ``pycoll bench``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from pycoll.bootstrap.spawn import module_command
+from pycoll.bench import jobs
 
 REPO = Path(__file__).resolve().parents[1]
 CODECS = ("fp16", "bf16", "int8", "int4")
@@ -89,7 +89,7 @@ def _l2(a: np.ndarray) -> float:
 
 def worker(args: argparse.Namespace) -> int:
     import pycoll
-    from pycoll.benchmark import gaussian_input
+    from pycoll.bench.inputs import gaussian_input
     from pycoll.compression.bounds import SumBound
 
     comm = pycoll.init()
@@ -147,7 +147,7 @@ def _launch_accuracy(world: int, parts: str, args: argparse.Namespace, tmp: str)
     worker = [str(Path(__file__).resolve()), "--worker", "--out", out, "--count", str(args.count),
               "--trials", str(args.trials), "--parts", parts,
               "--block-worlds", ",".join(map(str, args.block_worlds))]
-    cmd = module_command("pycoll.run", ["-n", str(world), *worker])
+    cmd = jobs.script_command(world, worker[0], worker[1:])
     subprocess.run(cmd, cwd=REPO, check=True)
     return json.loads(Path(out).read_text())
 
@@ -207,14 +207,15 @@ def table_b(runs: dict[int, dict[str, Any]], block_worlds: list[int]) -> str:
 
 
 def _run_bench(ranks: int, size: int, out: str) -> list[dict[str, Any]]:
-    cmd = module_command("pycoll.cli.bench", ["--ranks", str(ranks), "-b", str(size), "-e", str(size),
-                                              "--compression", ",".join(BENCH_CODECS), "--json", out])
+    job = jobs.Job(ranks=ranks, minbytes=size, maxbytes=size, compression=BENCH_CODECS, json=out)
+    cmd = jobs.job_command(job)
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
 
 
 def table_c(args: argparse.Namespace, tmp: str) -> tuple[str, list[dict[str, Any]]]:
-    from pycoll.benchmark import format_size, memcpy_bandwidth
+    from pycoll.bench.report import format_size
+    from pycoll.bench.timing import memcpy_bandwidth
 
     records: list[dict[str, Any]] = []
     memcpy = []
@@ -261,7 +262,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _size_list(text: str) -> list[int]:
-    from pycoll.benchmark import parse_size
+    from pycoll.bench.options import parse_size
 
     return [parse_size(v) for v in text.split(",") if v.strip()]
 

@@ -14,7 +14,7 @@ is re-run once at once (--retries), and the failure is reported.
 
 The first library of --libs is the subject: ratios are subject/other. busbw ratio > 1 means the subject
 moves data faster; the latency ratio (time of subject / time of other, given for the smallest size) < 1
-means it finishes sooner. Every run uses the same timing loop (pycoll/benchmark.py); runs are
+means it finishes sooner. Every run uses the same timing loop (pycoll/bench/timing.py); runs are
 separate processes and each writes JSON lines, which this script reads back.
 """
 
@@ -39,9 +39,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from pycoll import benchmark as bm  # noqa: E402  (numpy only: no native module needed here)
-from pycoll.baselines import mpirun_command  # noqa: E402
-from pycoll.bootstrap.spawn import module_command  # noqa: E402
+from pycoll.bench import jobs, options, report, timing  # noqa: E402  (no native module needed here)
+from pycoll.bench.baselines import mpirun_command  # noqa: E402
 
 LIBRARIES = ("pycoll", "mpi", "gloo")
 LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo"}
@@ -95,8 +94,19 @@ def command_for(library: str, world: int, json_path: str, args: argparse.Namespa
     py = sys.executable
     flags = [*sweep_flags(args), "--json", json_path]
     if library == "pycoll":
-        return module_command("pycoll.cli.bench", ["--ranks", str(world), "--algorithm", args.algorithm,
-                                                    *flags])
+        job = jobs.Job(
+            ranks=world,
+            minbytes=args.minbytes,
+            maxbytes=args.maxbytes,
+            stepfactor=args.stepfactor,
+            iters=args.iters,
+            warmup_iters=args.warmup_iters,
+            check=args.check,
+            algorithm=tuple(options.parse_algorithms(args.algorithm)),
+            json=json_path,
+            progress="off",  # what `pycoll bench` picks when its stderr is captured
+        )
+        return jobs.job_command(job)
     if library == "mpi":
         script = str(HERE / "baselines" / "mpi_allreduce.py")
         return mpirun_command(world, [py, script, *flags])
@@ -184,7 +194,7 @@ def _execute_once(run: Run, json_path: str, timeout: float, verbose: bool) -> No
         run.error = f"exit code {proc.returncode}: {tail}"
         return
     try:
-        run.records = bm.read_json_lines(Path(json_path).read_text())
+        run.records = report.read_json_lines(Path(json_path).read_text())
     except (OSError, ValueError) as e:
         run.error = f"no results: {e}"
         return
@@ -317,8 +327,8 @@ def markdown(
     if memcpy:
         rw = [m["rw_GBps"] for m in memcpy]
         lines += [
-            f"Single-process memcpy of {bm.format_size(int(memcpy[0]['bytes']))} (numpy copy, bytes read + "
-            f"written): median {statistics.median(rw):.1f} GB/s (rounds: "
+            f"Single-process memcpy of {report.format_size(int(memcpy[0]['bytes']))} (numpy copy, bytes "
+            f"read + written): median {statistics.median(rw):.1f} GB/s (rounds: "
             + ", ".join(f"{v:.1f}" for v in rw)
             + "). CPUs busy with other work just before each round: "
             + ", ".join(f"{m.get('other_cpu_busy', float('nan')):.0%}" for m in memcpy)
@@ -343,7 +353,7 @@ def markdown(
         head += [f"{LABELS[subject]}/{LABELS[o]} busbw" for o in others]
         lines += [f"**{world} ranks**", "", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for row in rows:
-            cells = [bm.format_size(row["bytes"])]
+            cells = [report.format_size(row["bytes"])]
             cells += [_num(row["busbw_GBps"][lib]) for lib in libraries]
             cells += [_time(row["time_us"][lib]) for lib in libraries]
             cells += [_ratio(row["busbw_ratio"][o], row["busbw_ratio_range"][o]) for o in others]
@@ -355,7 +365,7 @@ def markdown(
             )
             lines += [
                 "",
-                f"Latency ratio at {bm.format_size(first['bytes'])} (time, lower is better): {lat}.",
+                f"Latency ratio at {report.format_size(first['bytes'])} (time, lower is better): {lat}.",
             ]
         wrong = {lib: sum(r["wrong"][lib] or 0 for r in rows) for lib in libraries}
         if any(wrong.values()):
@@ -370,7 +380,7 @@ def markdown(
         ]
         for t in targets:
             lines.append(
-                f"| {t['world']} | {bm.format_size(t['bytes'])} | {t['target']} | {t['value']:.2f}× | "
+                f"| {t['world']} | {report.format_size(t['bytes'])} | {t['target']} | {t['value']:.2f}× | "
                 f"{'yes' if t['met'] else '**no**'} |"
             )
         lines.append("")
@@ -417,7 +427,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    bm.add_sweep_arguments(parser)  # its --json is this script's summary file
+    options.add_sweep_arguments(parser)  # its --json is this script's summary file
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (2 4)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     parser.add_argument(
@@ -425,7 +435,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--algorithm", default="auto", help="pycoll's --algorithm (auto)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the markdown table to FILE")
-    parser.add_argument("--memcpy-bytes", type=bm.parse_size, default=64 << 20, help="memcpy size (64M)")
+    parser.add_argument("--memcpy-bytes", type=options.parse_size, default=64 << 20, help="memcpy size (64M)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run (600)")
     parser.add_argument(
         "--retries", type=int, default=1, help="re-run a failed run this many times at once (1)"
@@ -449,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pycoll-compare-") as tmp:
         for k in range(args.rounds):
             busy = cpu_busy_fraction()
-            memcpy.append({**bm.memcpy_bandwidth(args.memcpy_bytes), "other_cpu_busy": busy})
+            memcpy.append({**timing.memcpy_bandwidth(args.memcpy_bytes), "other_cpu_busy": busy})
             print(
                 f"round {k + 1}/{args.rounds}: memcpy {memcpy[-1]['rw_GBps']:.1f} GB/s (r+w), "
                 f"CPUs busy with other work {busy:.0%}",

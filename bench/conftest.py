@@ -94,8 +94,8 @@ def _grid(config: pytest.Config) -> _suite.Grid:
         value = config.getoption(f"bench_{name}")
         return str(base[name]) if value is None else str(value)
 
-    from pycoll import baselines
-    from pycoll.benchmark import parse_size
+    from pycoll.bench import baselines
+    from pycoll.bench.options import parse_size
 
     try:
         grid = _suite.Grid(

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pycoll.bootstrap.spawn import module_command
+from pycoll.bench import jobs
 
 HOOKS = ("ddp", "none", "fp16", "bf16", "int8", "int4", "powersgd", "no_sync")
 LABELS = {
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _launch(argv: list[str], ranks: int) -> int:
     """Not under a launcher: start ``ranks`` copies of this script with ``pycoll run``."""
-    cmd = module_command("pycoll.run", ["-n", str(ranks), str(Path(__file__).resolve()), *argv])
+    cmd = jobs.script_command(ranks, str(Path(__file__).resolve()), argv)
     return subprocess.call(cmd)
 
 

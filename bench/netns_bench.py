@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 import netns  # noqa: E402  (tests/netns.py)
 
-from pycoll import benchmark as bm  # noqa: E402
+from pycoll.bench import jobs, options, report, timing  # noqa: E402
 
 DEFAULT_SIZES = "1,4,16,64,256"
 QUICK_SIZES = "1,16"
@@ -99,7 +99,7 @@ def parse_sizes(text: str) -> list[int]:
         word = word.strip()
         if not word:
             continue
-        out.append(bm.parse_size(word + "M" if word.replace(".", "").isdigit() else word))
+        out.append(options.parse_size(word + "M" if word.replace(".", "").isdigit() else word))
     if not out:
         raise argparse.ArgumentTypeError(f"no sizes in {text!r}")
     return sorted(set(out))
@@ -214,19 +214,23 @@ def run_jobs(
     records: list[dict[str, Any]] = []
     for index, (lo, hi, f) in enumerate(sweeps):
         out = work / f"h{len(hosts)}-{index}.jsonl"
-        program = ["-m", "pycoll.cli.bench", "--worker", "-b", str(lo), "-e", str(hi), "-f", str(f),
-                   "-c", str(args.check), "--algorithm", ",".join(algorithms),
-                   "--compression", ",".join(args.codecs), "--json", str(out),
-                   "--progress", "off"]  # fmt: skip
-        if not args.no_gloo:
-            program += ["--baseline", "gloo"]
-        if args.iters is not None:
-            program += ["-n", str(args.iters)]
-        if args.warmup is not None:
-            program += ["-w", str(args.warmup)]
+        job = jobs.Job(
+            minbytes=lo,
+            maxbytes=hi,
+            stepfactor=f,
+            check=args.check,
+            algorithm=tuple(algorithms),
+            compression=tuple(args.codecs),
+            baseline=() if args.no_gloo else ("gloo",),
+            iters=args.iters,
+            warmup_iters=args.warmup,
+            json=str(out),
+            progress="off",
+        )
+        program = jobs.rank_arguments(job)  # started by each host's `pycoll run`
         env = dict(os.environ, PYCOLL_TIMEOUT=str(min(600.0, args.timeout)))
         env.pop("PYCOLL_TRANSPORT", None)  # auto: TCP, the hosts being several
-        n_sizes = len(bm.sweep_sizes(lo, hi, f))
+        n_sizes = len(timing.sweep_sizes(lo, hi, f))
         expected = n_sizes * (len(algorithms) * len(args.codecs) + (0 if args.no_gloo else 1))
         for attempt in range(2):
             if out.exists():
@@ -238,7 +242,7 @@ def run_jobs(
                 finished = netns.wait_job(nodes, args.timeout)
             finally:
                 netns.stop_job(nodes)
-            got = bm.read_json_lines(out.read_text()) if out.exists() else []
+            got = report.read_json_lines(out.read_text()) if out.exists() else []
             failed = [n for n in nodes if n.proc.returncode != 0]
             if args.verbose or not finished or failed:
                 for n in nodes:
@@ -311,7 +315,7 @@ def format_table(
             x_plain = busbw / base["busbw_GBps"] if base else None
             error = r.get("rel_error")
             lines.append(
-                f"{bm.format_size(size):>8}  {r['label']:<{w}} {r['time_us'] / 1e3:9.2f} {busbw:10.4f} "
+                f"{report.format_size(size):>8}  {r['label']:<{w}} {r['time_us'] / 1e3:9.2f} {busbw:10.4f} "
                 f"{_gbit(busbw):7.3f} {busbw / rate_GBps:7.2f} "
                 f"{'' if x_gloo is None else f'{x_gloo:.2f}':>7} "
                 f"{'' if x_plain is None else f'{x_plain:.2f}':>9} "
@@ -323,14 +327,14 @@ def format_table(
             if r["codec"] == "none":
                 ok_rate = busbw >= RATE_TARGET * rate_GBps
                 verdicts.append(
-                    f"{bm.format_size(size):>8}  {r['label']:<{w}} {busbw / rate_GBps:.2f}x rate "
+                    f"{report.format_size(size):>8}  {r['label']:<{w}} {busbw / rate_GBps:.2f}x rate "
                     f"({'ok' if ok_rate else 'MISS'})"
                     + ("" if x_gloo is None else f", {x_gloo:.2f}x gloo ({_versus_gloo(x_gloo)})")
                 )
             elif r["codec"] in CODEC_TARGETS and x_plain is not None:
                 want = CODEC_TARGETS[r["codec"]]
                 verdicts.append(
-                    f"{bm.format_size(size):>8}  {r['label']:<{w}} {x_plain:.2f}x uncompressed "
+                    f"{report.format_size(size):>8}  {r['label']:<{w}} {x_plain:.2f}x uncompressed "
                     f"(target {want:g}x: {'ok' if x_plain >= want else 'MISS'})"
                 )
     lines += [f"# {note}" for note in notes]
@@ -375,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"netns_bench: {problem}", file=sys.stderr)
         return 2
     if not args.no_gloo:
-        from pycoll.baselines import unavailable
+        from pycoll.bench.baselines import unavailable
 
         problem = unavailable("gloo")
         if problem:
@@ -383,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
 
     from pycoll.algorithms import ALGORITHMS
-    from pycoll.cli.bench import ALGORITHMS as BENCH_ALGORITHMS
+    from pycoll.bench.options import ALGORITHMS as BENCH_ALGORITHMS
 
     notes, algorithms = [], []
     for name in args.algorithms:

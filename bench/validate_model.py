@@ -27,18 +27,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from pycoll import benchmark
-from pycoll.tuning.calibrate import (
-    Measurement,
-    fit,
-    format_fit,
-    measure_rounds,
-    median_of,
-    save_model,
-    shm_fragment_bytes,
-    shm_segment_bytes,
-)
+from pycoll.bench import options, report
+from pycoll.tuning.calibrate import Measurement, fit, format_fit, measure_rounds, median_of
 from pycoll.tuning.model import expected_error
+from pycoll.tuning.persist import save_model, shm_fragment_bytes, shm_segment_bytes
 
 FIXED = ("ring", "direct", "tree")
 CODECS = ("none", "int8")
@@ -63,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--worlds", default="2,3,4")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("-b", "--minbytes", type=benchmark.parse_size, default=4096)
-    parser.add_argument("-e", "--maxbytes", type=benchmark.parse_size, default=64 << 20)
+    parser.add_argument("-b", "--minbytes", type=options.parse_size, default=4096)
+    parser.add_argument("-e", "--maxbytes", type=options.parse_size, default=64 << 20)
     parser.add_argument("--error-budget", type=float, default=1e-2)
     parser.add_argument("--save", action="store_true", help="also save the fit as this machine's calibration")
     parser.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
@@ -133,7 +125,7 @@ def _predictions(model, held_out: list[Measurement]) -> list[str]:
                     if b >= LARGE:
                         errors_large.append(err)
                     cells.append(f"{err:+.0%}")
-            lines.append(f"| {w} | {benchmark.format_size(b)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {w} | {report.format_size(b)} | " + " | ".join(cells) + " |")
     within = sum(abs(e) <= TOLERANCE for e in errors_large)
     if errors_large:
         lines += [
@@ -152,7 +144,7 @@ def _choices(model, held_out: list[Measurement], budget: float) -> list[str]:
     worlds = sorted({k[0] for k in t})
     sizes = sorted({k[3] for k in t})
     lines = ["", "## auto's choices timed by the held-out rounds, / the fastest fixed choice there", ""]
-    lines += ["| world | " + " | ".join(benchmark.format_size(b) for b in sizes) + " |"]
+    lines += ["| world | " + " | ".join(report.format_size(b) for b in sizes) + " |"]
     lines += ["|---|" + "---|" * len(sizes)]
     ratios: list[float] = []
     for w in worlds:
@@ -221,7 +213,7 @@ def _auto(model, rounds: list[list[Measurement]], budget: float) -> list[str]:
             chosen_c = calgo if codec == "none" else f"{calgo}+{codec}"
             auto_us, best_us = medians[(w, "auto", "none", b)] * 1e6, medians[(w, best, "none", b)] * 1e6
             lines.append(
-                f"| {w} | {benchmark.format_size(b)} | {at.choose_algorithm('allreduce', w, b)} "
+                f"| {w} | {report.format_size(b)} | {at.choose_algorithm('allreduce', w, b)} "
                 f"| {auto_us:.0f} us | {best} {best_us:.0f} us | {ratio:.2f} | {chosen_c} | {cratio:.2f} |"
             )
     if ratios:

@@ -29,7 +29,7 @@ from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
 from pycoll.env import Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
 from pycoll.tuning import Model
-from pycoll.tuning.calibrate import load_model, model_from_dict, model_to_dict
+from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
 
 if TYPE_CHECKING:
     from pycoll.gpu import Enqueued, GpuSide

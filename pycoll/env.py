@@ -250,3 +250,40 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Read by the tools (the cost model's tuning file, the benchmark baselines): one block, kept here so
+# that no other module reads the environment.
+
+#: Where a calibration is saved and read ("none": ignore any calibration).
+TUNING_FILE_VAR = "PYCOLL_TUNING_FILE"
+
+
+def tuning_file_setting(environ: Mapping[str, str] | None = None) -> str | None:
+    """``PYCOLL_TUNING_FILE`` as set, or None when it is unset or empty."""
+    env = os.environ if environ is None else environ
+    return env.get(TUNING_FILE_VAR) or None
+
+
+def cache_home(environ: Mapping[str, str] | None = None) -> str:
+    """The user's cache directory: ``$XDG_CACHE_HOME``, else ``~/.cache``."""
+    env = os.environ if environ is None else environ
+    return env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+
+
+def started_by_mpirun(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a rank that mpirun (Open MPI / PMIx) started: ``OMPI_COMM_WORLD_RANK`` or ``PMIX_RANK``."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK"))
+
+
+def master_address(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """``(MASTER_ADDR, MASTER_PORT)`` as set by a launcher, each None when unset or empty."""
+    env = os.environ if environ is None else environ
+    return env.get("MASTER_ADDR") or None, env.get("MASTER_PORT") or None
+
+
+def environ_with(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``extra`` added (the environment of ranks a tool starts)."""
+    return {**os.environ, **extra}

@@ -1,18 +1,20 @@
-"""What the baseline scripts share: one baseline (pycoll/baselines.py) timed alone with its own barrier
-and max-reduction, through ``pycoll.benchmark.run_and_report`` (the table on rank 0, --json records)."""
+"""What the baseline scripts share: one baseline (pycoll/bench/baselines.py) timed alone with its own
+barrier and max-reduction, through ``pycoll.bench.report.run_and_report`` (the table on rank 0, --json
+records)."""
 
 from __future__ import annotations
 
 import argparse
 import platform
 
-from pycoll import baselines, benchmark
-from pycoll.cli.bench import exit_rank, parse_datatypes, parse_ops
+from pycoll.bench import baselines, options, report
+from pycoll.bench.options import parse_datatypes, parse_ops
+from pycoll.bench.worker import exit_rank
 
 
 def main(name: str, doc: str | None, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benchmark.add_sweep_arguments(parser)
+    options.add_sweep_arguments(parser)
     parser.add_argument("-o", "--op", type=parse_ops, default=["sum"], help="sum prod min max avg, or all")
     parser.add_argument(
         "-d", "--datatype", type=parse_datatypes, default=["float32"], help="float half ... or all"
@@ -32,7 +34,7 @@ def main(name: str, doc: str | None, argv: list[str] | None = None) -> int:
         parser.error(f"{name} supports none of -o {','.join(args.op)} -d {','.join(args.datatype)}")
     title = f"{baseline.version}: {name} all-reduce, {baseline.world} ranks"
     meta = {"library_version": baseline.version, "host": platform.node()}
-    benchmark.run_and_report(
+    report.run_and_report(
         None,
         baseline.barrier,
         baseline.reduce_max,
@@ -43,5 +45,5 @@ def main(name: str, doc: str | None, argv: list[str] | None = None) -> int:
         meta=meta,
         sweeps=sweeps,
     )
-    # No torch.distributed.destroy_process_group(): see pycoll/baselines.py and exit_rank.
+    # No torch.distributed.destroy_process_group(): see pycoll/bench/baselines.py and exit_rank.
     return exit_rank(0)

@@ -1,6 +1,6 @@
 """Gloo baseline on its own: ``torch.distributed.all_reduce`` (gloo backend) on CPU tensors sharing
-memory with the numpy arrays, timed by the same loop as ``pycoll bench`` (pycoll/benchmark.py). A thin
-wrapper over pycoll/baselines.py; ``pycoll bench --baseline gloo`` times the same all-reduce in the
+memory with the numpy arrays, timed by the same loop as ``pycoll bench`` (pycoll/bench/timing.py). A thin
+wrapper over pycoll/bench/baselines.py; ``pycoll bench --baseline gloo`` times the same all-reduce in the
 same ranks as pycoll's, interleaved size by size, which compares better on a noisy machine.
 
 Run with any launcher that sets the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)::

@@ -1,6 +1,6 @@
 """Open MPI baseline on its own: in-place ``MPI_Allreduce`` (``MPI.IN_PLACE``) on numpy arrays via
-mpi4py, timed by the same loop as ``pycoll bench`` (pycoll/benchmark.py). A thin wrapper over
-pycoll/baselines.py; ``pycoll bench --baseline mpi`` times the same all-reduce in the same ranks as
+mpi4py, timed by the same loop as ``pycoll bench`` (pycoll/bench/timing.py). A thin wrapper over
+pycoll/bench/baselines.py; ``pycoll bench --baseline mpi`` times the same all-reduce in the same ranks as
 pycoll's, interleaved size by size, which compares better on a noisy machine.
 
 Run (as root on these machines)::

@@ -1,9 +1,9 @@
 """How pycoll starts its own modules in new interpreters: the ranks of ``pycoll bench``, of calibration,
 of the baselines.
 
-    cmd = module_command("pycoll.cli.bench", ["--worker", ...])   # then launch(n, cmd)
+    cmd = module_command("pycoll.bench.worker", ["--job", ...])   # then launch(n, cmd)
 
-``python -m pycoll.cli.bench`` would not do: ``-m`` puts the current directory first on ``sys.path``,
+``python -m pycoll.bench.worker`` would not do: ``-m`` puts the current directory first on ``sys.path``,
 so a rank started in the root of a clone imports the clone's ``pycoll/`` (which may have no built
 native module, or older code) instead of the pycoll that started it. ``module_command`` runs this file
 as a script instead. Its first lines, before any other import, take the script's own directory off
@@ -35,7 +35,7 @@ __all__ = ["module_command"]
 
 
 def module_command(module: str, args: Sequence[str] = ()) -> list[str]:
-    """The command line that runs pycoll's module ``module`` (e.g. ``"pycoll.cli.bench"``) with
+    """The command line that runs pycoll's module ``module`` (e.g. ``"pycoll.bench.worker"``) with
     ``args`` in a new interpreter that imports the same pycoll as this process (module docstring)."""
     if module != "pycoll" and not module.startswith("pycoll."):
         raise ValueError(f"module_command starts pycoll's own modules, not {module!r}")

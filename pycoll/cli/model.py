@@ -19,7 +19,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from pycoll import benchmark
+from pycoll.bench.options import parse_size
+from pycoll.bench.report import format_size
+from pycoll.bench.timing import sweep_sizes
 
 __all__ = ["add_parser", "main"]
 
@@ -41,12 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"link classes (default {DEFAULT_LINKS}); see the list with --list",
     )
     parser.add_argument("--ranks", type=int, default=8, metavar="N", help="world size (8)")
-    parser.add_argument(
-        "-b", "--minbytes", type=benchmark.parse_size, default=4096, help="smallest size (4K)"
-    )
-    parser.add_argument(
-        "-e", "--maxbytes", type=benchmark.parse_size, default=1 << 30, help="largest size (1G)"
-    )
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=4096, help="smallest size (4K)")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=1 << 30, help="largest size (1G)")
     parser.add_argument("-f", "--stepfactor", type=float, default=4, help="size multiplier (4)")
     parser.add_argument(
         "--compression",
@@ -69,7 +67,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _model(name: str, ranks: int) -> Any:
     from pycoll.tuning import Model
-    from pycoll.tuning.calibrate import load_model, shm_fragment_bytes, shm_segment_bytes
+    from pycoll.tuning.persist import load_model, shm_fragment_bytes, shm_segment_bytes
 
     if name == "shm":
         segment, fragment = shm_segment_bytes(ranks), shm_fragment_bytes(ranks)
@@ -114,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         )
         print(f"pycoll model: {what}", file=sys.stderr)
         return 2
-    sizes = benchmark.sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
     algorithms = ("ring", "tree", "direct")
     records: list[dict[str, Any]] = []
     auto_rows: dict[str, list[tuple[int, str, float]]] = {}
@@ -129,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
         )
         print(" ".join(header))
         for nbytes in sizes:
-            cells = [f"{benchmark.format_size(nbytes):>9}"]
+            cells = [f"{format_size(nbytes):>9}"]
             for a in algorithms:
                 p = model.predict("allreduce", a, args.ranks, nbytes)
                 cells.append(f"{p.busbw_GBps:>8.2f}")
@@ -161,12 +159,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"{'size':>9} " + " ".join(f"{name:>22}" for name in links))
         for i, nbytes in enumerate(sizes):
             cells = [f"{auto_rows[name][i][2]:>9.2f} {auto_rows[name][i][1]:>12}" for name in links]
-            print(f"{benchmark.format_size(nbytes):>9} " + " ".join(cells))
+            print(f"{format_size(nbytes):>9} " + " ".join(cells))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
     if args.plot:
-        from pycoll.plotting import plot_busbw
+        from pycoll.bench.plots import plot_busbw
 
         try:
             plot_busbw(

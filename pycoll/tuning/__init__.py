@@ -1,6 +1,7 @@
 """Tuning: the α-β cost model of pycoll's plans (``model``), its link and device parameters (``links``),
-and their calibration on the current machine (``calibrate``). ``algorithm="auto"`` and
-``compression="auto"`` choose by the model."""
+a calibration saved and loaded (``persist``: what the core may load), and the calibration itself on the
+current machine (``calibrate``: measuring and fitting, on top of the core, which never imports it).
+``algorithm="auto"`` and ``compression="auto"`` choose by the model."""
 
 from pycoll.tuning.links import DEVICES, LINKS, DeviceProfile, LinkProfile, link_named
 from pycoll.tuning.model import Model, Prediction, expected_error

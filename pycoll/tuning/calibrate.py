@@ -1,27 +1,23 @@
-"""Calibration: fit the cost model's parameters to all-reduces measured on this machine, save, load.
+"""Calibration: fit the cost model's parameters to all-reduces measured on this machine.
 
-``pycoll bench --calibrate`` (whose ``measure`` starts ``python -m pycoll.tuning.calibrate --worker``
-ranks) times pycoll's all-reduce over shared memory for every algorithm (and the codecs), on several
-world sizes, sizes 4 KiB..64 MiB, with the timing loop of ``pycoll bench`` (pycoll/benchmark.py:
+``pycoll bench --calibrate`` (whose ``measure`` runs one ``pycoll.bench.jobs.Job`` per world size and
+round) times pycoll's all-reduce over shared memory for every algorithm (and the codecs), on several
+world sizes, sizes 4 KiB..64 MiB, with the timing loop of ``pycoll bench`` (pycoll/bench/timing.py:
 slowest rank, median over iterations, variants interleaved size by size; rounds interleaved, median per
 point). It then fits the shared-memory link and CPU parameters of ``pycoll.tuning.links`` (``fit``:
 latency, copy and memory bandwidth, cache size, per-algorithm efficiencies, a factor on the codecs'
-rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double), and saves
-them as JSON to ``tuning_file()`` (``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``).
-``load_model`` reads them back for ``algorithm="auto"`` / ``compression="auto"``; a file written on
-another host is ignored.
+rates) by robust least squares on log(time) (scipy; sizes of 1 MiB and up weighted double).
+``pycoll.tuning.persist`` saves the fit as JSON (``save_model``, to ``tuning_file()``:
+``$PYCOLL_TUNING_FILE``, default ``~/.cache/pycoll/tuning.json``) and reads it back (``load_model``)
+for ``algorithm="auto"`` / ``compression="auto"``; a file written on another host is ignored. This
+module sits on top of the core (it imports the benchmark package and the launcher); the core never
+imports it.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import math
-import os
-import platform
-import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from pycoll.benchmark import parse_size
 from pycoll.env import usable_cpus
-from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
+from pycoll.tuning.links import device_for, link_named
 from pycoll.tuning.model import (
     C_ALPHA,
     C_DECODED,
@@ -43,19 +38,15 @@ from pycoll.tuning.model import (
     correction_key,
     plan_costs,
 )
+from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes
 
 __all__ = [
     "Measurement",
     "fit",
     "format_fit",
-    "load_model",
     "measure",
-    "save_model",
     "last_level_cache_bytes",
-    "shm_fragment_bytes",
-    "shm_segment_bytes",
     "starting_model",
-    "tuning_file",
 ]
 
 ALGORITHMS = ("ring", "direct", "tree")
@@ -76,32 +67,6 @@ class Measurement:
     time_s: float
 
 
-def tuning_file() -> Path:
-    """Where calibrations are saved: ``$PYCOLL_TUNING_FILE`` or ``~/.cache/pycoll/tuning.json``.
-    ``PYCOLL_TUNING_FILE=none`` makes ``load_model`` ignore any calibration (the built-in defaults)."""
-    env = os.environ.get("PYCOLL_TUNING_FILE")
-    if env:
-        return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "pycoll" / "tuning.json"
-
-
-def shm_segment_bytes(world: int) -> int:
-    """The shared-memory transport's message size (half a ring of slots; csrc/transport/shm.h) under the
-    current environment's settings."""
-    from pycoll.env import Settings
-
-    settings = Settings.from_environ()
-    return settings.slot_bytes_for(world) * settings.shm_slots // 2
-
-
-def shm_fragment_bytes(world: int) -> int:
-    """The shared-memory transport's fragment: one ring slot (csrc/transport/shm.h)."""
-    from pycoll.env import Settings
-
-    return Settings.from_environ().slot_bytes_for(world)
-
-
 def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
     """Size of the largest CPU cache (sysfs), or None when it cannot be read."""
     sizes = []
@@ -116,7 +81,6 @@ def last_level_cache_bytes(sys_root: str = "/sys") -> int | None:
         if digits.isdigit():
             sizes.append(int(digits) * scale)
     return max(sizes) if sizes else None
-
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -325,116 +289,8 @@ def fit(
 # Saving and loading.
 
 
-def model_to_dict(model: Model) -> dict[str, Any]:
-    """``model`` as plain JSON-able data (``model_from_dict`` reads it back)."""
-    return {
-        "link": model.link.to_dict(),
-        "device": model.device.to_dict(),
-        "segment_bytes": model.segment_bytes,
-        "fragment_bytes": model.fragment_bytes,
-        "origin": model.origin,
-    }
-
-
-def model_from_dict(data: dict[str, Any]) -> Model:
-    fragment = data.get("fragment_bytes")
-    return Model(
-        LinkProfile.from_dict(data["link"]),
-        DeviceProfile.from_dict(data["device"]),
-        int(data["segment_bytes"]),
-        None if fragment is None else int(fragment),
-        origin=str(data.get("origin", "")),
-    )
-
-
-def save_model(model: Model, report: dict[str, Any] | None = None, path: Path | None = None) -> Path:
-    """Write ``model``'s link and device to ``path`` (default ``tuning_file()``) for this host."""
-    path = path or tuning_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "host": platform.node(),
-        "cpus": usable_cpus(),
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "link": model.link.to_dict(),
-        "device": model.device.to_dict(),
-        "fit": report or {},
-    }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)  # readers never see half a file
-    return path
-
-
-def load_model(
-    path: Path | None = None,
-    *,
-    segment_bytes: int | None = None,
-    fragment_bytes: int | None = None,
-    workers: int | None = None,
-) -> Model | None:
-    """The calibrated shared-memory model saved on this host, or None (no file, another host's file, or
-    an unreadable one)."""
-    if path is None and os.environ.get("PYCOLL_TUNING_FILE", "").strip().lower() == "none":
-        return None
-    path = path or tuning_file()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("host") != platform.node():
-            return None
-        link = LinkProfile.from_dict(data["link"])
-        device = DeviceProfile.from_dict(data["device"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if workers is not None:
-        device = replace(device, workers=workers)
-    return Model(link, device, segment_bytes or 512 * 1024, fragment_bytes, origin=str(path))
-
-
 # ---------------------------------------------------------------------------------------------------
 # Measuring: one job per world size, every (algorithm, codec) interleaved size by size.
-
-
-def _worker(args: argparse.Namespace) -> int:
-    import pycoll
-    from pycoll import benchmark
-
-    comm = pycoll.init()
-    try:
-        from pycoll.cli.bench import make_variants
-
-        codecs = args.codecs.split(",")
-        variants = make_variants(args.algorithms.split(","), [c for c in codecs if c != "auto"])
-        if "auto" in codecs:  # compression="auto" picks its algorithm too
-
-            def auto(x: np.ndarray) -> None:
-                pycoll.allreduce(x, compression="auto", error_budget=args.error_budget)
-
-            variants.append(benchmark.Variant("auto", auto, library="pycoll", algorithm="auto"))
-
-        def reduce_max(a: np.ndarray) -> np.ndarray:
-            pycoll.allreduce(a, op="max")
-            return a
-
-        results = benchmark.run_interleaved_sweep(
-            variants,
-            pycoll.barrier,
-            reduce_max,
-            comm.rank,
-            comm.world_size,
-            min_bytes=args.minbytes,
-            max_bytes=args.maxbytes,
-            factor=args.factor,
-            check=False,
-        )
-        if comm.rank == 0:
-            with open(args.out, "w", encoding="utf-8") as f:
-                for r in results:
-                    point = Measurement(comm.world_size, r.algorithm, r.codec, r.bytes, r.time_us * 1e-6)
-                    f.write(json.dumps(point.__dict__) + "\n")
-    finally:
-        pycoll.finalize(comm)
-    return 0
 
 
 def measure(worlds: Sequence[int] = DEFAULT_WORLDS, **options: Any) -> list[Measurement]:
@@ -469,46 +325,39 @@ def measure_rounds(
     of each round. ``algorithms`` may include "auto" and ``codecs`` "auto" (``compression="auto"``
     with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a ``PYCOLL_TUNING_FILE``
     for auto to choose by)."""
-    from pycoll.bootstrap.spawn import module_command
-    from pycoll.cli.run import launch
+    from pycoll.bench.jobs import Job, run_job
 
     out: list[list[Measurement]] = []
-    with tempfile.TemporaryDirectory(prefix="pycoll-calibrate-") as tmp:
-        for round_ in range(rounds):
-            points: list[Measurement] = []
-            for world in worlds:
-                path = os.path.join(tmp, f"world{world}-{round_}.jsonl")
-                cmd = module_command(
-                    "pycoll.tuning.calibrate",
-                    [
-                        "--worker",
-                        "--out",
-                        path,
-                        "-b",
-                        str(min_bytes),
-                        "-e",
-                        str(max_bytes),
-                        "-f",
-                        str(factor),
-                        "--algorithms",
-                        ",".join(algorithms),
-                        "--codecs",
-                        ",".join(codecs),
-                        "--error-budget",
-                        repr(error_budget),
-                    ],
+    for round_ in range(rounds):
+        points: list[Measurement] = []
+        for world in worlds:
+            job = Job(
+                ranks=world,
+                minbytes=min_bytes,
+                maxbytes=max_bytes,
+                stepfactor=factor,
+                check=0,
+                algorithm=tuple(algorithms),
+                compression=tuple(codecs),
+                error_budget=error_budget,
+                table=False,
+                progress="off",
+                env=env,
+            )
+            if log:
+                log(
+                    f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
+                    f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes"
                 )
-                if log:
-                    log(
-                        f"round {round_ + 1}/{rounds}: {world} ranks, {', '.join(algorithms)} x "
-                        f"{', '.join(codecs)}, {min_bytes}..{max_bytes} bytes"
-                    )
-                code = launch(world, cmd, env=None if env is None else {**os.environ, **env})
-                if code != 0:
-                    raise RuntimeError(f"the calibration job on {world} ranks failed (exit code {code})")
-                with open(path, encoding="utf-8") as f:
-                    points.extend(Measurement(**json.loads(line)) for line in f if line.strip())
-            out.append(points)
+            done = run_job(job)
+            if not done.ok:
+                raise RuntimeError(
+                    f"the calibration job on {world} ranks failed (exit code {done.returncode})"
+                )
+            points.extend(
+                Measurement(world, r.algorithm, r.codec, r.bytes, r.time_us * 1e-6) for r in done.results
+            )
+        out.append(points)
     return out
 
 
@@ -521,21 +370,6 @@ def read_measurements(path: str) -> list[Measurement]:
 def write_measurements(path: str, points: Sequence[Measurement]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(p.__dict__) + "\n" for p in points)
-
-
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pycoll.tuning.calibrate --worker ...``: one rank of a measuring job (``measure``
-    starts them). Calibrating from the command line is ``pycoll bench --calibrate``."""
-    parser = argparse.ArgumentParser(prog="python -m pycoll.tuning.calibrate")
-    parser.add_argument("--worker", action="store_true", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=4096)
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
-    parser.add_argument("-f", "--factor", type=int, default=4)
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    parser.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
-    parser.add_argument("--error-budget", type=float, default=1e-2)
-    return _worker(parser.parse_args(argv))
 
 
 def format_fit(report: dict[str, Any]) -> str:
@@ -559,7 +393,3 @@ def format_fit(report: dict[str, Any]) -> str:
             f"{p['time_s'] * 1e6:>12.1f} {p['predicted_s'] * 1e6:>12.1f} {p['rel_error']:>+7.0%}"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())

@@ -28,7 +28,7 @@ two-shot 2 alpha + 2 (n-1)/n bytes / beta, with the segments, tree shapes and od
 plans; ``latency_hops`` (alpha = 1, bytes free) equals the simulator's count of dependent messages.
 A calibrated link also carries residual corrections per (collective, algorithm, world, codec), which
 multiply the prediction (``LinkProfile.corrections``). algbw and busbw follow nccl-tests
-(``pycoll.benchmark``): bytes / time, and algbw x 2(n-1)/n for all-reduce.
+(``pycoll.bench.timing``): bytes / time, and algbw x 2(n-1)/n for all-reduce.
 
 ``expected_error`` gives the relative L2 error a codec is expected to add (the measured accuracy table of
 bench/codec_accuracy.py, Gaussian inputs), which ``choose_compression`` compares with the caller's budget.

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pycoll.baselines import find_mpirun
+from pycoll.bench.baselines import find_mpirun
 
 ROOT = Path(__file__).resolve().parents[2]
 

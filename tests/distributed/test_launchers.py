@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pycoll.baselines import find_mpirun, mpirun_command
+from pycoll.bench.baselines import find_mpirun, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "allreduce.py"

@@ -16,7 +16,7 @@ from _inputs import digest
 import pycoll
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning import Model
-from pycoll.tuning.calibrate import load_model, model_to_dict
+from pycoll.tuning.persist import load_model, model_to_dict
 
 
 def gaussian(rank: int, count: int, seed: int) -> np.ndarray:
@@ -104,7 +104,7 @@ def test_a_calibration_file_steers_auto(tmp_path):
     chooses by."""
     from harness import RankPool
 
-    from pycoll.tuning.calibrate import save_model
+    from pycoll.tuning.persist import save_model
 
     base = Model.for_link("shm", workers=2)
     steering = replace(base, link=replace(base.link, efficiency={"tree": 100.0}), _cache={})

@@ -1,4 +1,4 @@
-"""The benchmark timing loop (pycoll/benchmark.py) with fake communicators: no processes, no native code."""
+"""The benchmark timing loop (pycoll/bench/timing.py, inputs.py, report.py) with fake communicators."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycoll import benchmark as bm
+from pycoll.bench import inputs, options, report, timing
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"min_bytes": 64, "max_bytes": 1024, "factor": 4, "iters": 3, "warmup": 1}
@@ -60,9 +60,9 @@ class ThreadWorld:
         self._reduce(rank, a, np.maximum)
         return a
 
-    def run(self, body: Callable[[int], list[bm.Result]]) -> list[list[bm.Result]]:
+    def run(self, body: Callable[[int], list[timing.Result]]) -> list[list[timing.Result]]:
         """Run ``body(rank)`` on every rank; return each rank's results, re-raising a rank's error."""
-        out: list[list[bm.Result] | None] = [None] * self.n
+        out: list[list[timing.Result] | None] = [None] * self.n
         errors: list[BaseException] = []
 
         def target(rank: int) -> None:
@@ -85,12 +85,12 @@ class ThreadWorld:
 
 def _sweep_world(
     n: int, allreduce: Callable[[ThreadWorld, int, np.ndarray], None] | None = None, **kwargs: object
-) -> list[list[bm.Result]]:
+) -> list[list[timing.Result]]:
     world = ThreadWorld(n)
     reduce_fn = allreduce or (lambda w, r, x: w.allreduce(r, x))
 
-    def body(rank: int) -> list[bm.Result]:
-        return bm.run_allreduce_sweep(
+    def body(rank: int) -> list[timing.Result]:
+        return timing.run_allreduce_sweep(
             lambda x: reduce_fn(world, rank, x),
             world.barrier,
             lambda a: world.reduce_max(rank, a),
@@ -107,7 +107,7 @@ def _sweep_world(
 
 
 def test_identity_on_world_1_is_correct() -> None:
-    results = bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert [r.bytes for r in results] == [64, 256, 1024]
     assert [r.count for r in results] == [16, 64, 256]
     for r in results:
@@ -121,7 +121,7 @@ def test_identity_on_world_1_is_correct() -> None:
 
 
 def test_default_sweep_is_4k_to_64m() -> None:
-    sizes = bm.sweep_sizes(4096, 64 << 20, 2)
+    sizes = timing.sweep_sizes(4096, 64 << 20, 2)
     assert sizes[0] == 4096 and sizes[-1] == 64 << 20 and len(sizes) == 15
 
 
@@ -129,7 +129,7 @@ def test_wrong_allreduce_counts_every_element() -> None:
     def off_by_one(x: np.ndarray) -> None:
         x += 1
 
-    results = bm.run_allreduce_sweep(off_by_one, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(off_by_one, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert [r.wrong for r in results] == [r.count for r in results]
 
 
@@ -137,7 +137,7 @@ def test_wrong_allreduce_counts_single_element() -> None:
     def last_wrong(x: np.ndarray) -> None:
         x[-1] = -5
 
-    results = bm.run_allreduce_sweep(last_wrong, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(last_wrong, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert [r.wrong for r in results] == [1, 1, 1]
 
 
@@ -145,7 +145,7 @@ def test_nan_counts_as_wrong() -> None:
     def nan_first(x: np.ndarray) -> None:
         x[0] = np.nan
 
-    results = bm.run_allreduce_sweep(nan_first, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(nan_first, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert all(r.wrong == 1 for r in results)
 
 
@@ -158,7 +158,7 @@ def test_one_bad_iteration_is_reported_not_multiplied() -> None:
         if calls == 3:  # a timed iteration of the first size (1 warm-up, then 3 timed)
             x[:5] = 0
 
-    results = bm.run_allreduce_sweep(wrong_once, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(wrong_once, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert [r.wrong for r in results] == [5, 0, 0]
 
 
@@ -171,7 +171,7 @@ def test_wrong_warmup_iteration_is_reported() -> None:
         if calls == 1:
             x[:2] = 0
 
-    results = bm.run_allreduce_sweep(wrong_first, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(wrong_first, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert results[0].wrong == 2
 
 
@@ -183,10 +183,10 @@ def test_input_is_refilled_between_iterations_only_when_checking() -> None:
         x *= 2
 
     kwargs = {**SMALL, "max_bytes": 64}
-    bm.run_allreduce_sweep(double, _nothing, _same, 0, 1, check=True, **kwargs)  # type: ignore[arg-type]
+    timing.run_allreduce_sweep(double, _nothing, _same, 0, 1, check=True, **kwargs)  # type: ignore[arg-type]
     assert seen == [1.0] * 4  # rank 0's x[0] is 1 before every call
     seen.clear()
-    results = bm.run_allreduce_sweep(double, _nothing, _same, 0, 1, check=False, **kwargs)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(double, _nothing, _same, 0, 1, check=False, **kwargs)  # type: ignore[arg-type]
     assert seen == [1.0, 2.0, 4.0, 8.0]
     assert results[0].wrong is None
 
@@ -197,14 +197,14 @@ def test_same_array_object_within_a_size() -> None:
     def record(x: np.ndarray) -> None:
         ids.setdefault(x.size, set()).add(id(x))
 
-    bm.run_allreduce_sweep(record, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    timing.run_allreduce_sweep(record, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert all(len(s) == 1 for s in ids.values())
 
 
 def test_barrier_before_every_iteration() -> None:
     events: list[str] = []
     kwargs = {**SMALL, "max_bytes": 64}
-    bm.run_allreduce_sweep(
+    timing.run_allreduce_sweep(
         lambda x: events.append("a"),
         lambda: events.append("b"),
         _same,
@@ -261,20 +261,20 @@ def test_time_is_median_over_iterations() -> None:
     def variable(x: np.ndarray) -> None:
         time.sleep(next(durations))
 
-    results = bm.run_allreduce_sweep(
+    results = timing.run_allreduce_sweep(
         variable, _nothing, _same, 0, 1, min_bytes=64, max_bytes=64, iters=4, warmup=1
     )
     assert 1000 <= results[0].time_us < 20000  # the one 50 ms outlier does not move the median
 
 
 def test_default_iteration_counts_scale_down_with_size() -> None:
-    sizes = bm.sweep_sizes(4096, 64 << 20, 2)
-    iters = [bm.default_iters(s) for s in sizes]
+    sizes = timing.sweep_sizes(4096, 64 << 20, 2)
+    iters = [timing.default_iters(s) for s in sizes]
     assert iters == sorted(iters, reverse=True)
     assert iters[0] == 100 and iters[-1] == 5
-    assert all(bm.default_warmup(s) >= 2 for s in sizes)
+    assert all(timing.default_warmup(s) >= 2 for s in sizes)
     # the whole default sweep moves a bounded amount of data per rank
-    moved = sum(s * (bm.default_iters(s) + bm.default_warmup(s)) for s in sizes)
+    moved = sum(s * (timing.default_iters(s) + timing.default_warmup(s)) for s in sizes)
     assert moved < 3 << 30
 
 
@@ -283,20 +283,20 @@ def test_closed_form_matches_sum_of_inputs(world: int) -> None:
     count = 1000
     total = np.zeros(count, dtype=np.float32)
     for r in range(world):
-        total += bm.rank_input(r, count)
-    np.testing.assert_array_equal(total, bm.expected_sum(world, count))
+        total += inputs.rank_input(r, count)
+    np.testing.assert_array_equal(total, inputs.expected_sum(world, count))
 
 
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
-        bm.run_allreduce_sweep(_identity, _nothing, _same, 1, 1)
+        timing.run_allreduce_sweep(_identity, _nothing, _same, 1, 1)
     with pytest.raises(ValueError):
-        bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, iters=0)
+        timing.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, iters=0)
     with pytest.raises(ValueError):
-        bm.sweep_sizes(4096, 1024, 2)
+        timing.sweep_sizes(4096, 1024, 2)
     with pytest.raises(ValueError):
-        bm.sweep_sizes(4096, 8192, 1)
-    assert bm.sweep_sizes(1, 3, 1.1) == [1, 2, 3]  # a small factor still makes progress
+        timing.sweep_sizes(4096, 8192, 1)
+    assert timing.sweep_sizes(1, 3, 1.1) == [1, 2, 3]  # a small factor still makes progress
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -305,18 +305,18 @@ def test_invalid_arguments() -> None:
 
 @pytest.mark.parametrize(("world", "factor"), [(1, 0.0), (2, 1.0), (3, 4 / 3), (4, 1.5), (8, 1.75)])
 def test_busbw_formula(world: int, factor: float) -> None:
-    assert bm.bus_factor(world) == pytest.approx(factor)
-    r = bm.make_result(1_000_000, 250_000, np.float32, 100.0, world, wrong=0)
+    assert timing.bus_factor(world) == pytest.approx(factor)
+    r = timing.make_result(1_000_000, 250_000, np.float32, 100.0, world, wrong=0)
     assert r.algbw_GBps == pytest.approx(10.0)  # 1e6 B in 100 us = 1e10 B/s
     assert r.busbw_GBps == pytest.approx(10.0 * factor)
 
 
 def test_format_table() -> None:
     results = [
-        bm.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0),
-        bm.make_result(64 << 20, 16 << 20, np.float32, 12345.678, 4, wrong=3),
+        timing.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0),
+        timing.make_result(64 << 20, 16 << 20, np.float32, 12345.678, 4, wrong=3),
     ]
-    text = bm.format_table(results, "pycoll, 4 ranks")
+    text = report.format_table(results, "pycoll, 4 ranks")
     lines = text.splitlines()
     assert lines[0] == "# pycoll, 4 ranks"
     for name in ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"):
@@ -335,44 +335,52 @@ def _word_ends(line: str) -> list[int]:
 
 
 def test_format_unchecked_row() -> None:
-    r = bm.make_result(4096, 1024, np.float32, 2.5, 2, wrong=None)
-    assert bm.format_row(r).split()[-1] == "N/A"
-    assert "N/A" in bm.format_footer([r])
+    r = timing.make_result(4096, 1024, np.float32, 2.5, 2, wrong=None)
+    assert report.format_row(r).split()[-1] == "N/A"
+    assert "N/A" in report.format_footer([r])
 
 
 def test_json_lines_round_trip() -> None:
-    results = [bm.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0, iters=10, warmup=2)]
-    text = bm.format_json_lines(results, library="mpi", algorithm="default")
+    results = [timing.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0, iters=10, warmup=2)]
+    text = report.format_json_lines(results, library="mpi", algorithm="default")
     assert text.endswith("\n") and text.count("\n") == 1
-    (record,) = bm.read_json_lines(text)
+    (record,) = report.read_json_lines(text)
     assert record["library"] == "mpi" and record["algorithm"] == "default" and record["label"] == "mpi"
-    assert bm.result_from_dict({**record, "library": "", "algorithm": ""}) == results[0]
+    assert report.result_from_dict({**record, "library": "", "algorithm": ""}) == results[0]
     json.dumps(record)
     # a result that names its series keeps it; times_us survive the round trip
-    named = bm.make_result(
-        4096, 1024, np.float32, 2.5, 2, wrong=0, library="pycoll", algorithm="ring", codec="int8",
+    named = timing.make_result(
+        4096,
+        1024,
+        np.float32,
+        2.5,
+        2,
+        wrong=0,
+        library="pycoll",
+        algorithm="ring",
+        codec="int8",
         times_us=[2.0, 2.5, 3.0],
     )
-    (record,) = bm.read_json_lines(bm.format_json_lines([named], library="x", host="h"))
+    (record,) = report.read_json_lines(report.format_json_lines([named], library="x", host="h"))
     assert (record["library"], record["algorithm"], record["codec"]) == ("pycoll", "ring", "int8")
     assert record["label"] == "pycoll/ring/int8" and record["host"] == "h"
     assert record["times_us"] == [2.0, 2.5, 3.0]
-    assert bm.result_from_dict(record) == named
+    assert report.result_from_dict(record) == named
 
 
 def test_run_and_report(tmp_path: Path) -> None:
     lines: list[str] = []
     parser = argparse.ArgumentParser()
-    bm.add_sweep_arguments(parser)
+    options.add_sweep_arguments(parser)
     out = tmp_path / "r.jsonl"
     args = parser.parse_args(["-b", "64", "-e", "256", "-f", "4", "-n", "2", "-w", "0", "--json", str(out)])
-    results = bm.run_and_report(
+    results = report.run_and_report(
         _identity, _nothing, _same, 0, 1, args, title="t", meta={"library": "x"}, print_fn=lines.append
     )
     assert len(results) == 2
     printed = "\n".join(lines).splitlines()
     assert printed[0] == "# t" and len(printed) == 3 + 2 + 2  # title + header, 2 rows, footer
-    records = bm.read_json_lines(out.read_text())
+    records = report.read_json_lines(out.read_text())
     assert [r["bytes"] for r in records] == [64, 256] and all(r["library"] == "x" for r in records)
 
 
@@ -395,25 +403,25 @@ def test_run_and_report(tmp_path: Path) -> None:
     ],
 )
 def test_parse_size(text: str, value: int) -> None:
-    assert bm.parse_size(text) == value
+    assert options.parse_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "K", "abc", "-4K", "0", "1.5"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        bm.parse_size(text)
+        options.parse_size(text)
 
 
 def test_format_size() -> None:
-    assert bm.format_size(4096) == "4 KiB"
-    assert bm.format_size(64 << 20) == "64 MiB"
-    assert bm.format_size(1000) == "1000 B"
+    assert report.format_size(4096) == "4 KiB"
+    assert report.format_size(64 << 20) == "64 MiB"
+    assert report.format_size(1000) == "1000 B"
 
 
 def test_sweep_arguments() -> None:
     parser = argparse.ArgumentParser()
-    bm.add_sweep_arguments(parser)
-    kwargs = bm.sweep_kwargs(parser.parse_args([]))
+    options.add_sweep_arguments(parser)
+    kwargs = options.sweep_kwargs(parser.parse_args([]))
     assert kwargs == {
         "min_bytes": 4096,
         "max_bytes": 64 << 20,
@@ -422,7 +430,7 @@ def test_sweep_arguments() -> None:
         "warmup": None,
         "check": True,
     }
-    kwargs = bm.sweep_kwargs(parser.parse_args("-b 1M -e 8M -f 4 -n 7 -w 0 -c 0".split()))
+    kwargs = options.sweep_kwargs(parser.parse_args("-b 1M -e 8M -f 4 -n 7 -w 0 -c 0".split()))
     assert kwargs == {
         "min_bytes": 1 << 20,
         "max_bytes": 8 << 20,
@@ -434,7 +442,7 @@ def test_sweep_arguments() -> None:
 
 
 def test_memcpy_bandwidth() -> None:
-    figures = bm.memcpy_bandwidth(1 << 20, repeats=3)
+    figures = timing.memcpy_bandwidth(1 << 20, repeats=3)
     assert figures["copy_GBps"] > 0
     assert figures["rw_GBps"] == pytest.approx(2 * figures["copy_GBps"])
 
@@ -443,18 +451,25 @@ def test_memcpy_bandwidth() -> None:
 # Independence from the rest of pycoll (the baselines load this file without pycoll's native module)
 
 
-def test_benchmark_module_imports_nothing_from_pycoll() -> None:
-    tree = ast.parse((REPO / "pycoll" / "benchmark.py").read_text())
+#: The timing loop's modules: they import nothing of pycoll but each other.
+_TIMING_MODULES = ("timing", "inputs", "report", "options")
+
+
+@pytest.mark.parametrize("module", _TIMING_MODULES)
+def test_benchmark_module_imports_nothing_from_pycoll(module: str) -> None:
+    own = {f"pycoll.bench.{name}" for name in _TIMING_MODULES}
+    tree = ast.parse((REPO / "pycoll" / "bench" / f"{module}.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            assert not any(a.name.split(".")[0] == "pycoll" for a in node.names)
+            assert not any(a.name.split(".")[0] == "pycoll" and a.name not in own for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and (node.module or "").split(".")[0] != "pycoll"
+            name = node.module or ""
+            assert node.level == 0 and (name.split(".")[0] != "pycoll" or name in own), name
 
 
 @pytest.mark.parametrize("script", ["gloo_allreduce.py", "mpi_allreduce.py"])
 def test_baseline_scripts_take_the_sweep_flags(script: str) -> None:
-    """The scripts in bench/baselines are thin wrappers over pycoll/baselines.py: --help needs neither
+    """The scripts in bench/baselines are thin wrappers over pycoll/bench/baselines.py: --help needs neither
     torch nor MPI started, and lists the flags of pycoll bench's sweep."""
     import subprocess
     import sys
@@ -475,15 +490,15 @@ def test_time_budget_lowers_automatic_iteration_counts() -> None:
     def slow(x: np.ndarray) -> None:
         time.sleep(0.002)
 
-    (r,) = bm.run_allreduce_sweep(
+    (r,) = timing.run_allreduce_sweep(
         slow, _nothing, _same, 0, 1, min_bytes=4096, max_bytes=4096, time_budget_s=0.02
     )
     assert r.warmup == 20 and 5 <= r.iters <= 10  # 100 by default; ~0.02 s / 2 ms
-    (r,) = bm.run_allreduce_sweep(
+    (r,) = timing.run_allreduce_sweep(
         _identity, _nothing, _same, 0, 1, min_bytes=4096, max_bytes=4096, time_budget_s=0.02
     )
     assert r.iters == 100  # fast enough: the default count stands
-    (r,) = bm.run_allreduce_sweep(
+    (r,) = timing.run_allreduce_sweep(
         slow, _nothing, _same, 0, 1, min_bytes=4096, max_bytes=4096, iters=30, time_budget_s=0.02
     )
     assert r.iters == 30  # an explicit count is never changed
@@ -507,47 +522,47 @@ def test_time_budget_gives_every_rank_the_same_count() -> None:
 # Lossy all-reduce: custom inputs, relative error, interleaved variants, codec columns
 
 
-class _NoisyInputs(bm.Inputs):
+class _NoisyInputs(inputs.Inputs):
     """Gaussian inputs judged against the exact float64 sum with a fixed absolute tolerance."""
 
     def __init__(self, tol: float) -> None:
         self.tol = tol
 
     def input(self, rank: int, world: int, count: int, dtype: object) -> np.ndarray:
-        return bm.gaussian_input(rank, count, 5, dtype)  # type: ignore[arg-type]
+        return inputs.gaussian_input(rank, count, 5, dtype)  # type: ignore[arg-type]
 
-    def judge(self, rank: int, world: int, count: int, dtype: object) -> bm.JudgeFn:
-        exact = np.sum([bm.gaussian_input(r, count, 5).astype(np.float64) for r in range(world)], axis=0)
+    def judge(self, rank: int, world: int, count: int, dtype: object) -> inputs.JudgeFn:
+        exact = np.sum([inputs.gaussian_input(r, count, 5).astype(np.float64) for r in range(world)], axis=0)
 
         def judge(x: np.ndarray) -> tuple[int, float | None]:
-            return int(np.count_nonzero(~(np.abs(x - exact) <= self.tol))), bm.relative_error(x, exact)
+            return int(np.count_nonzero(~(np.abs(x - exact) <= self.tol))), inputs.relative_error(x, exact)
 
         return judge
 
 
 def test_gaussian_input_and_relative_error() -> None:
-    a = bm.gaussian_input(1, 10000, 3)
-    assert a.dtype == np.float32 and np.array_equal(a, bm.gaussian_input(1, 10000, 3))
-    assert not np.array_equal(a, bm.gaussian_input(2, 10000, 3))
-    assert not np.array_equal(a, bm.gaussian_input(1, 10000, 4))
+    a = inputs.gaussian_input(1, 10000, 3)
+    assert a.dtype == np.float32 and np.array_equal(a, inputs.gaussian_input(1, 10000, 3))
+    assert not np.array_equal(a, inputs.gaussian_input(2, 10000, 3))
+    assert not np.array_equal(a, inputs.gaussian_input(1, 10000, 4))
     assert abs(float(a.mean())) < 0.05 and 0.95 < float(a.std()) < 1.05
     exact = np.array([3.0, 4.0])
-    assert bm.relative_error(exact, exact) == 0.0
-    assert bm.relative_error(np.array([3.0, 4.5]), exact) == pytest.approx(0.1)
-    assert bm.relative_error(np.zeros(2), np.zeros(2)) == 0.0
-    assert bm.relative_error(np.ones(2), np.zeros(2)) == float("inf")
+    assert inputs.relative_error(exact, exact) == 0.0
+    assert inputs.relative_error(np.array([3.0, 4.5]), exact) == pytest.approx(0.1)
+    assert inputs.relative_error(np.zeros(2), np.zeros(2)) == 0.0
+    assert inputs.relative_error(np.ones(2), np.zeros(2)) == float("inf")
 
 
 def test_exact_inputs_report_zero_error() -> None:
-    results = bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert all(r.rel_error == 0.0 and r.codec == "none" for r in results)
 
     def off(x: np.ndarray) -> None:
         x[0] += 1
 
-    results = bm.run_allreduce_sweep(off, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(off, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert all(r.wrong == 1 and r.rel_error is not None and r.rel_error > 0 for r in results)
-    results = bm.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, check=False, **SMALL)  # type: ignore[arg-type]
+    results = timing.run_allreduce_sweep(_identity, _nothing, _same, 0, 1, check=False, **SMALL)  # type: ignore[arg-type]
     assert all(r.rel_error is None and r.wrong is None for r in results)
 
 
@@ -575,7 +590,7 @@ def test_lossy_inputs_wrong_and_error_across_ranks() -> None:
 
 def test_unknown_error_on_one_rank_is_unknown() -> None:
     class Partial(_NoisyInputs):
-        def judge(self, rank: int, world: int, count: int, dtype: object) -> bm.JudgeFn:
+        def judge(self, rank: int, world: int, count: int, dtype: object) -> inputs.JudgeFn:
             inner = super().judge(rank, world, count, dtype)
             return (lambda x: (inner(x)[0], None)) if rank == 1 else inner
 
@@ -589,26 +604,37 @@ def test_interleaved_variants_size_by_size() -> None:
     def make(name: str) -> Callable[[np.ndarray], None]:
         return lambda x: calls.append((name, x.size))
 
-    variants = [bm.Variant("none", make("a")), bm.Variant("int8", make("b"), _NoisyInputs(tol=100.0))]
-    results = bm.run_interleaved_sweep(variants, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
+    variants = [timing.Variant("none", make("a")), timing.Variant("int8", make("b"), _NoisyInputs(tol=100.0))]
+    results = timing.run_interleaved_sweep(variants, _nothing, _same, 0, 1, **SMALL)  # type: ignore[arg-type]
     assert [(r.bytes, r.codec) for r in results] == [
         (size, codec) for size in (64, 256, 1024) for codec in ("none", "int8")
     ]
     assert [name for name, _ in calls] == (["a"] * 4 + ["b"] * 4) * 3  # 1 warm-up + 3 timed each
     assert results[0].rel_error == 0.0 and results[1].rel_error == 0.0  # identity on one rank is exact
     with pytest.raises(ValueError):
-        bm.run_interleaved_sweep([], _nothing, _same, 0, 1)
+        timing.run_interleaved_sweep([], _nothing, _same, 0, 1)
 
 
 def test_format_table_with_codec_columns() -> None:
     results = [
-        bm.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0, rel_error=0.0),
-        bm.make_result(4096, 1024, np.float32, 5.0, 4, wrong=0, codec="int8", rel_error=7.9e-3),
-        bm.make_result(64 << 20, 16 << 20, np.float32, 12345.678, 4, wrong=2, codec="int4", rel_error=None),
+        timing.make_result(4096, 1024, np.float32, 2.5, 4, wrong=0, rel_error=0.0),
+        timing.make_result(4096, 1024, np.float32, 5.0, 4, wrong=0, codec="int8", rel_error=7.9e-3),
+        timing.make_result(
+            64 << 20, 16 << 20, np.float32, 12345.678, 4, wrong=2, codec="int4", rel_error=None
+        ),
     ]
-    lines = bm.format_table(results, "t").splitlines()
+    lines = report.format_table(results, "t").splitlines()
     assert lines[1].split()[1:] == [
-        "size", "count", "type", "redop", "codec", "time", "algbw", "busbw", "error", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "codec",
+        "time",
+        "algbw",
+        "busbw",
+        "error",
+        "#wrong",
     ]
     assert "(rel)" in lines[2]
     head = ["4096", "1024", "float32", "sum"]
@@ -621,26 +647,34 @@ def test_format_table_with_codec_columns() -> None:
     assert lines[7] == "# Avg bus bandwidth    : none 2.458, int8 1.229, int4 8.154"
     assert lines[8] == "# Max rel. error       : none 0.00e+00, int8 7.90e-03, int4 N/A"
     # a compressed row formats with codec columns on its own; an uncompressed one without
-    assert bm.format_row(results[1]).split()[4] == "int8"
-    assert len(bm.format_row(results[0]).split()) == 8
+    assert report.format_row(results[1]).split()[4] == "int8"
+    assert len(report.format_row(results[0]).split()) == 8
 
 
 def test_run_and_report_variants(tmp_path: Path) -> None:
     lines: list[str] = []
     parser = argparse.ArgumentParser()
-    bm.add_sweep_arguments(parser)
+    options.add_sweep_arguments(parser)
     out = tmp_path / "r.jsonl"
     args = parser.parse_args(["-b", "64", "-e", "256", "-f", "4", "-n", "2", "-w", "0", "--json", str(out)])
-    variants = [bm.Variant("none", _identity), bm.Variant("fp16", _identity, _NoisyInputs(tol=1.0))]
-    results = bm.run_and_report(
-        None, _nothing, _same, 0, 1, args, title="t", meta={"library": "x"}, print_fn=lines.append,
+    variants = [timing.Variant("none", _identity), timing.Variant("fp16", _identity, _NoisyInputs(tol=1.0))]
+    results = report.run_and_report(
+        None,
+        _nothing,
+        _same,
+        0,
+        1,
+        args,
+        title="t",
+        meta={"library": "x"},
+        print_fn=lines.append,
         variants=variants,
     )
     assert [r.codec for r in results] == ["none", "fp16", "none", "fp16"]
     printed = "\n".join(lines).splitlines()
     assert printed[0] == "# t" and "codec" in printed[1] and len(printed) == 3 + 4 + 3
-    records = bm.read_json_lines(out.read_text())
+    records = report.read_json_lines(out.read_text())
     assert [r["codec"] for r in records] == ["none", "fp16"] * 2
     assert all("rel_error" in r and r["library"] == "x" for r in records)
     with pytest.raises(ValueError):
-        bm.run_and_report(None, _nothing, _same, 0, 1, args, title="t", print_fn=lines.append)
+        report.run_and_report(None, _nothing, _same, 0, 1, args, title="t", print_fn=lines.append)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pycoll.bench import jobs, options
 from pycoll.cli import bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,11 +34,18 @@ def test_worker_arguments_round_trip(tmp_path: Path) -> None:
         ["--ranks", "2", "-b", "1M", "-e", "8M", "-f", "4", "-n", "3", "-w", "0", "-c", "0"]
         + ["--algorithm", "ring", "--json", str(out)]
     )
-    again = parser.parse_args(["--worker", *bench.worker_arguments(args)])
-    assert again.worker
-    for name in ("minbytes", "maxbytes", "stepfactor", "iters", "warmup_iters", "check", "algorithm"):
+    job = bench.job_from_args(args)
+    assert jobs.rank_command(job)[2:4] == ["pycoll.bench.worker", "--job"]
+    again = jobs.Job.from_json(jobs.rank_command(job)[-1])
+    assert again == job
+    for name in ("minbytes", "maxbytes", "stepfactor", "iters", "warmup_iters", "check"):
         assert getattr(again, name) == getattr(args, name), name
+    assert list(again.algorithm) == args.algorithm
     assert again.json == str(out.resolve())
+    # the flags of `pycoll bench --worker` describe the same job
+    flags = ["-b", "1M", "-e", "8M", "-f", "4", "-n", "3", "-w", "0", "-c", "0", "--algorithm", "ring"]
+    worker = parser.parse_args(["--worker", *flags, "--json", str(out), "--ranks", "2"])
+    assert worker.worker and bench.job_from_args(worker) == job
 
 
 def test_rejects_bad_arguments() -> None:
@@ -100,17 +108,17 @@ def test_compression_flag() -> None:
 def test_compression_names_are_the_codecs() -> None:
     from pycoll.compression import CODEC_NAMES
 
-    assert bench.COMPRESSIONS == ("none", *CODEC_NAMES)
+    assert options.COMPRESSIONS == ("none", *CODEC_NAMES)
 
 
 def test_worker_arguments_carry_compression() -> None:
     parser = bench.build_parser()
     args = parser.parse_args(["--compression", "none,int8", "--algorithm", "tree"])
-    argv = bench.worker_arguments(args)
-    assert argv[-2:] == ["--compression", "none,int8"]
-    again = parser.parse_args(["--worker", *argv])
-    assert again.compression == ["none", "int8"] and again.algorithm == ["tree"]
-    assert "--compression" not in bench.worker_arguments(parser.parse_args([]))
+    job = bench.job_from_args(args)
+    assert job.compression == ("none", "int8")
+    again = jobs.Job.from_json(job.to_json())
+    assert again.compression == ("none", "int8") and again.algorithm == ("tree",)
+    assert bench.job_from_args(parser.parse_args([])).compression == ("none",)
 
 
 def test_codec_inputs_judge_with_the_derived_bound() -> None:
@@ -119,15 +127,16 @@ def test_codec_inputs_judge_with_the_derived_bound() -> None:
         pytest.skip("pycoll's native module is not built")
     import numpy as np
 
-    from pycoll import benchmark
+    from pycoll.bench.inputs import gaussian_input
+    from pycoll.bench.variants import CodecInputs
     from pycoll.compression import Int8
 
     codec, world, count = Int8(), 3, 1000
-    inputs = bench.CodecInputs(codec, "direct")
+    inputs = CodecInputs(codec, "direct")
     xs = [inputs.input(r, world, count, np.float32) for r in range(world)]
     assert all(x.dtype == np.float32 and x.shape == (count,) for x in xs)
     assert not np.array_equal(xs[0], xs[1]) and 0.5 < float(np.std(xs[0])) < 1.5
-    np.testing.assert_array_equal(xs[2], benchmark.gaussian_input(2, count))
+    np.testing.assert_array_equal(xs[2], gaussian_input(2, count))
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
     # two-shot on one process: every share quantized once, the owner's sum once more
     summed = np.sum([codec.roundtrip(x).astype(np.float64) for x in xs], axis=0).astype(np.float32)
@@ -156,7 +165,16 @@ def test_end_to_end_compressed(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert "effective" in lines[0] and "compression=none,int8,fp16,int4" in lines[0]
     assert lines[1].split()[1:] == [
-        "size", "count", "type", "redop", "codec", "time", "algbw", "busbw", "error", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "codec",
+        "time",
+        "algbw",
+        "busbw",
+        "error",
+        "#wrong",
     ]
     rows = [line.split() for line in lines if line and not line.startswith("#")]
     # interleaved: every codec in turn for each size
@@ -196,7 +214,7 @@ def test_end_to_end_compressed_algorithms(algorithm: str) -> None:
     assert all(row[-1] == "0" and float(row[-2]) > 0 for row in rows)
 
 
-def test_namespace_from_main_parser_is_accepted_by_worker_arguments() -> None:
+def test_namespace_from_main_parser_is_accepted_by_job_from_args() -> None:
     ns = argparse.Namespace(
         minbytes=4096,
         maxbytes=8192,
@@ -207,15 +225,7 @@ def test_namespace_from_main_parser_is_accepted_by_worker_arguments() -> None:
         warmup_iters=None,
         json=None,
     )
-    assert bench.worker_arguments(ns) == [
-        "-b",
-        "4096",
-        "-e",
-        "8192",
-        "-f",
-        "2.0",
-        "-c",
-        "1",
-        "--algorithm",
-        "auto",
-    ]
+    job = bench.job_from_args(ns)
+    assert (job.minbytes, job.maxbytes, job.stepfactor, job.check) == (4096, 8192, 2.0, 1)
+    assert job.algorithm == ("auto",) and job.iters is None and job.warmup_iters is None and job.json is None
+    assert (job.op, job.datatype, job.compression, job.baseline) == (("sum",), ("float32",), ("none",), ())

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pycoll.bench.jobs import Job
 from pycoll.bootstrap.spawn import module_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,8 +109,10 @@ def test_commands(compare: ModuleType) -> None:
     gloo = compare.command_for("gloo", 2, "/tmp/y.jsonl", args)
     assert "--nproc-per-node=2" in gloo and "torch.distributed.run" in gloo
     pyc = compare.command_for("pycoll", 2, "/tmp/z.jsonl", args)
-    assert pyc[:3] == module_command("pycoll.cli.bench") and "--ranks" in pyc
-    assert "-e" in pyc and pyc[pyc.index("-e") + 1] == str(1 << 20)
+    assert pyc[:3] == module_command("pycoll.bench.jobs") and pyc[3] == "--job"
+    job = Job.from_json(pyc[4])
+    assert job.ranks == 2 and job.json == "/tmp/z.jsonl" and job.iters == 5
+    assert job.maxbytes == 1 << 20
 
 
 def test_error_summary(compare: ModuleType) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pycoll import baselines, benchmark, plotting
+from pycoll.bench import baselines, inputs, jobs, options, plots, report, timing
+from pycoll.bench.variants import CodecInputs, make_variants
 from pycoll.bootstrap.spawn import module_command
 from pycoll.cli import bench
 
@@ -52,7 +53,7 @@ def test_algorithm_and_baseline_lists() -> None:
     for bad in (["--algorithm", "star"], ["--algorithm", "ring,star"], ["--baseline", "nvshmem"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
-    assert bench.BASELINES == baselines.BASELINES
+    assert options.BASELINES == baselines.BASELINES
 
 
 def test_compression_only_on_float_sum_avg(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,32 +73,37 @@ def test_compression_only_on_float_sum_avg(capsys: pytest.CaptureFixture[str]) -
     assert err.startswith("pycoll bench: error: --compression int4") and err.count("\n") == 1
 
 
-def test_worker_arguments_round_trip_new_flags(tmp_path: Path) -> None:
+def test_job_round_trip_new_flags(tmp_path: Path) -> None:
     parser = bench.build_parser()
     args = parser.parse_args(
         ["-o", "all", "-d", "half,int8", "--algorithm", "ring,tree", "--compression", "none"]
         + ["--baseline", "gloo", "--plot", str(tmp_path / "p.png"), "--plot-yscale", "log"]
         + ["--progress", "on"]
     )
-    again = parser.parse_args(["--worker", *bench.worker_arguments(args)])
-    for name in ("op", "datatype", "algorithm", "compression", "baseline", "plot_yscale", "progress"):
+    again = jobs.Job.from_json(jobs.rank_command(bench.job_from_args(args))[-1])
+    for name in ("op", "datatype", "algorithm", "compression", "baseline"):
+        assert list(getattr(again, name)) == getattr(args, name), name
+    for name in ("plot_yscale", "progress"):
         assert getattr(again, name) == getattr(args, name), name
     assert again.plot == str((tmp_path / "p.png").resolve())
-    # defaults add nothing new
-    argv = bench.worker_arguments(parser.parse_args([]))
-    assert not {"-o", "-d", "--baseline", "--plot", "--progress"} & set(argv)
+    # the defaults are the job's defaults
+    assert bench.job_from_args(parser.parse_args([])) == jobs.Job()
 
 
 def test_launch_command_uses_mpirun_with_the_mpi_baseline() -> None:
+    assert not jobs.launch_command(jobs.Job(ranks=2))[0].endswith("mpirun")  # pycoll run otherwise
     parser = bench.build_parser()
-    plain = bench.launch_command(parser.parse_args(["--ranks", "3"]))
-    assert plain[:4] == module_command("pycoll.cli.bench", ["--worker"])  # the launcher's own pycoll
-    cmd = bench.launch_command(parser.parse_args(["--ranks", "3", "--baseline", "gloo,mpi"]))
+    plain = jobs.rank_command(bench.job_from_args(parser.parse_args(["--ranks", "3"])))
+    assert plain[:4] == module_command("pycoll.bench.worker", ["--job"])  # the launcher's own pycoll
+    cmd = jobs.launch_command(
+        bench.job_from_args(parser.parse_args(["--ranks", "3", "--baseline", "gloo,mpi"]))
+    )
     assert Path(cmd[0]).name == "mpirun"
     assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
     assert "--oversubscribe" in cmd and cmd[cmd.index("-n") + 1] == "3"
     worker = cmd[cmd.index(sys.executable) :]
-    assert worker[:4] == module_command("pycoll.cli.bench", ["--worker"]) and "gloo,mpi" in worker
+    assert worker[:4] == module_command("pycoll.bench.worker", ["--job"])
+    assert jobs.Job.from_json(worker[4]).baseline == ("gloo", "mpi")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -117,61 +123,63 @@ def test_launch_command_uses_mpirun_with_the_mpi_baseline() -> None:
     ],
 )
 def test_variant_label(library: str, algorithm: str, codec: str, label: str) -> None:
-    assert benchmark.variant_label(library, algorithm, codec) == label
+    assert timing.variant_label(library, algorithm, codec) == label
 
 
 def test_make_variants_every_algorithm_times_codec() -> None:
-    variants = bench.make_variants(["ring", "direct"], ["none", "int8", "fp16"], op="avg")
+    variants = make_variants(["ring", "direct"], ["none", "int8", "fp16"], op="avg")
     assert [v.label for v in variants] == [
-        "pycoll/ring", "pycoll/ring/int8", "pycoll/ring/fp16",
-        "pycoll/direct", "pycoll/direct/int8", "pycoll/direct/fp16",
+        "pycoll/ring",
+        "pycoll/ring/int8",
+        "pycoll/ring/fp16",
+        "pycoll/direct",
+        "pycoll/direct/int8",
+        "pycoll/direct/fp16",
     ]
     assert all(v.library == "pycoll" and v.op == "avg" for v in variants)
     assert [v.algorithm for v in variants] == ["ring"] * 3 + ["direct"] * 3
     assert variants[0].inputs is None  # exact inputs for the op
-    assert isinstance(variants[1].inputs, bench.CodecInputs) and variants[1].inputs.algorithm == "ring"
+    assert isinstance(variants[1].inputs, CodecInputs) and variants[1].inputs.algorithm == "ring"
     assert variants[1].inputs.op == "avg"
-    auto = bench.make_variants(["auto"], ["int4"])[0]
+    auto = make_variants(["auto"], ["int4"])[0]
     assert auto.inputs.algorithm == "direct"  # type: ignore[union-attr]  (auto with a codec: two-shot)
     with pytest.raises(ValueError, match="float32"):
-        bench.make_variants(["ring"], ["int8"], dtype="half")
+        make_variants(["ring"], ["int8"], dtype="half")
     with pytest.raises(ValueError, match="sum or avg"):
-        bench.make_variants(["ring"], ["int8"], op="max")
+        make_variants(["ring"], ["int8"], op="max")
     with pytest.raises(ValueError, match="algorithm"):
-        bench.make_variants(["star"])
+        make_variants(["star"])
 
 
 class _FakeBaseline(baselines.Baseline):
     name = "fake"
 
     def supports(self, op: str, dtype: Any) -> bool:
-        return op != "avg" and benchmark.resolve_dtype(dtype).name != "bfloat16"
+        return op != "avg" and inputs.resolve_dtype(dtype).name != "bfloat16"
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> benchmark.Variant | None:
+    def variant(self, op: str = "sum", dtype: Any = "float32") -> timing.Variant | None:
         if not self.supports(op, dtype):
             return None
-        return benchmark.Variant("none", lambda x: None, library=self.name, algorithm=self.algorithm, op=op)
+        return timing.Variant("none", lambda x: None, library=self.name, algorithm=self.algorithm, op=op)
 
 
 def test_make_variants_with_baseline_objects() -> None:
     fake = _FakeBaseline(0, 2, "fake 1.0")
-    variants = bench.make_variants(["tree"], ["none"], [fake], op="min", dtype="int8")
+    variants = make_variants(["tree"], ["none"], [fake], op="min", dtype="int8")
     assert [(v.label, v.library, v.algorithm, v.op) for v in variants] == [
         ("pycoll/tree", "pycoll", "tree", "min"),
         ("fake", "fake", "default", "min"),
     ]
     # a baseline that cannot do the op or type is left out of that sweep
-    assert [v.label for v in bench.make_variants(["tree"], ["none"], [fake], op="avg")] == ["pycoll/tree"]
-    assert [v.label for v in bench.make_variants(["tree"], ["none"], [fake], dtype="bfloat16")] == [
-        "pycoll/tree"
-    ]
+    assert [v.label for v in make_variants(["tree"], ["none"], [fake], op="avg")] == ["pycoll/tree"]
+    assert [v.label for v in make_variants(["tree"], ["none"], [fake], dtype="bfloat16")] == ["pycoll/tree"]
     assert fake.unsupported(["sum", "avg"], ["float32", "bfloat16"]) == ["bfloat16", "avg"]
 
 
 def test_baselines_know_what_they_reduce() -> None:
     gloo = baselines.GlooBaseline(0, 2, "torch")
     mpi = baselines.MpiBaseline(0, 2, "Open MPI", comm=None)
-    assert all(gloo.supports(op, "half") for op in benchmark.REDOPS)
+    assert all(gloo.supports(op, "half") for op in inputs.REDOPS)
     assert gloo.supports("avg", "bfloat16") and not gloo.supports("avg", "int32")
     assert mpi.supports("prod", "int8") and mpi.supports("sum", "half")
     assert not mpi.supports("avg", "float") and not mpi.supports("sum", "bfloat16")
@@ -217,10 +225,19 @@ def test_worker_under_another_launcher_needs_mpirun_for_mpi(monkeypatch: pytest.
 # Table: the variant column
 
 
-def _result(library: str, algorithm: str, codec: str = "none", t: float = 2.0) -> benchmark.Result:
-    return benchmark.make_result(
-        4096, 1024, np.float32, t, 2, wrong=0, library=library, algorithm=algorithm, codec=codec,
-        rel_error=0.0, times_us=[t],
+def _result(library: str, algorithm: str, codec: str = "none", t: float = 2.0) -> timing.Result:
+    return timing.make_result(
+        4096,
+        1024,
+        np.float32,
+        t,
+        2,
+        wrong=0,
+        library=library,
+        algorithm=algorithm,
+        codec=codec,
+        rel_error=0.0,
+        times_us=[t],
     )
 
 
@@ -230,9 +247,19 @@ def test_table_with_several_variants() -> None:
         _result("pycoll", "ring", "int8", 4.0),
         _result("gloo", "default", t=400.0),
     ]
-    lines = benchmark.format_table(results, "t").splitlines()
+    lines = report.format_table(results, "t").splitlines()
     assert lines[1].split()[1:] == [
-        "size", "count", "type", "redop", "variant", "codec", "time", "algbw", "busbw", "error", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "variant",
+        "codec",
+        "time",
+        "algbw",
+        "busbw",
+        "error",
+        "#wrong",
     ]
     assert lines[3].split()[4:6] == ["pycoll/ring", "none"]
     assert lines[4].split()[4:6] == ["pycoll/ring", "int8"]
@@ -240,10 +267,10 @@ def test_table_with_several_variants() -> None:
     assert lines[7] == "# Avg bus bandwidth    : pycoll/ring 2.048, pycoll/ring/int8 1.024, gloo 0.010"
     assert lines[8].startswith("# Max rel. error       : pycoll/ring 0.00e+00")
     # one library and algorithm, no codec: nccl-tests' columns exactly
-    plain = benchmark.format_table([_result("pycoll", "auto")]).splitlines()
+    plain = report.format_table([_result("pycoll", "auto")]).splitlines()
     assert plain[0].split()[1:] == ["size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"]
     # several libraries, no codec: the variant column only
-    two = benchmark.format_table([_result("pycoll", "auto"), _result("mpi", "default")]).splitlines()
+    two = report.format_table([_result("pycoll", "auto"), _result("mpi", "default")]).splitlines()
     assert "variant" in two[0] and "codec" not in two[0] and "error" not in two[0]
     assert two[-1] == "# Avg bus bandwidth    : pycoll/auto 2.048, mpi 2.048"
 
@@ -261,13 +288,21 @@ class _Stream(io.StringIO):
         return self.tty
 
 
-def _sweep_with(progress: benchmark.ProgressLine) -> None:
+def _sweep_with(progress: report.ProgressLine) -> None:
     variants = [
-        benchmark.Variant("none", lambda x: None, library="pycoll", algorithm="ring"),
-        benchmark.Variant("none", lambda x: None, library="gloo", algorithm="default"),
+        timing.Variant("none", lambda x: None, library="pycoll", algorithm="ring"),
+        timing.Variant("none", lambda x: None, library="gloo", algorithm="default"),
     ]
-    benchmark.run_interleaved_sweep(
-        variants, lambda: None, lambda a: a, 0, 1, min_bytes=4096, max_bytes=16384, iters=1, warmup=0,
+    timing.run_interleaved_sweep(
+        variants,
+        lambda: None,
+        lambda a: a,
+        0,
+        1,
+        min_bytes=4096,
+        max_bytes=16384,
+        iters=1,
+        warmup=0,
         progress=progress,
     )
 
@@ -275,7 +310,7 @@ def _sweep_with(progress: benchmark.ProgressLine) -> None:
 def test_progress_line_on_a_terminal() -> None:
     stream = _Stream(tty=True)
     ticks = iter(range(100))
-    progress = benchmark.ProgressLine(6, stream, clock=lambda: float(next(ticks)))
+    progress = report.ProgressLine(6, stream, clock=lambda: float(next(ticks)))
     progress.context = "float32 sum"
     assert progress.enabled
     _sweep_with(progress)
@@ -290,20 +325,20 @@ def test_progress_line_on_a_terminal() -> None:
 
 def test_progress_line_off_when_not_a_terminal() -> None:
     stream = _Stream(tty=False)
-    progress = benchmark.ProgressLine(6, stream)
+    progress = report.ProgressLine(6, stream)
     assert not progress.enabled
     _sweep_with(progress)
     progress.close()
     assert stream.getvalue() == "" and progress.steps == 6
     forced = _Stream(tty=False)
-    on = benchmark.ProgressLine(6, forced, enabled=True)
+    on = report.ProgressLine(6, forced, enabled=True)
     _sweep_with(on)
     assert forced.getvalue().count("\r") == 6
 
 
 def test_run_and_report_wipes_progress_before_rows(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
-    benchmark.add_sweep_arguments(parser)
+    options.add_sweep_arguments(parser)
     args = parser.parse_args(["-b", "64", "-e", "256", "-f", "4", "-n", "1", "-w", "0"])
     stream = _Stream(tty=True)
     printed: list[str] = []
@@ -312,15 +347,28 @@ def test_run_and_report_wipes_progress_before_rows(tmp_path: Path) -> None:
         printed.append(stream.getvalue()[-1:])  # what the progress stream ended with before the row
         stream.write("")
 
-    progress = benchmark.ProgressLine(stream=stream)
-    sweeps = [("float32", [benchmark.Variant("none", lambda x: None, op="max")]),
-              ("int8", [benchmark.Variant("none", lambda x: None, op="min")])]
-    results = benchmark.run_and_report(
-        None, lambda: None, lambda a: a, 0, 1, args, title="t", print_fn=print_fn, sweeps=sweeps,
+    progress = report.ProgressLine(stream=stream)
+    sweeps = [
+        ("float32", [timing.Variant("none", lambda x: None, op="max")]),
+        ("int8", [timing.Variant("none", lambda x: None, op="min")]),
+    ]
+    results = report.run_and_report(
+        None,
+        lambda: None,
+        lambda a: a,
+        0,
+        1,
+        args,
+        title="t",
+        print_fn=print_fn,
+        sweeps=sweeps,
         progress=progress,
     )
     assert [(r.dtype, r.redop, r.bytes) for r in results] == [
-        ("float32", "max", 64), ("float32", "max", 256), ("int8", "min", 64), ("int8", "min", 256)
+        ("float32", "max", 64),
+        ("float32", "max", 256),
+        ("int8", "min", 64),
+        ("int8", "min", 256),
     ]
     assert progress.total_steps == 4 == progress.steps  # 2 sweeps x 2 sizes x 1 variant
     assert printed[1:5] == ["\r"] * 4  # each row printed after the line was wiped
@@ -338,35 +386,37 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         "model": [(4096, 1.5), (1 << 20, 22.0)],
     }
     title = "all-reduce busbw: 2 ranks on h"
-    plotting.plot_busbw(series, str(out), title, styles={"model": "--"}, yscale="log")
+    plots.plot_busbw(series, str(out), title, styles={"model": "--"}, yscale="log")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     results = [_result("pycoll", "ring"), _result("gloo", "default", t=400.0)]
-    assert plotting.results_series(results) == {"pycoll/ring": [(4096, 2.048)], "gloo": [(4096, 0.01024)]}
+    assert plots.results_series(results) == {"pycoll/ring": [(4096, 2.048)], "gloo": [(4096, 0.01024)]}
     out2 = tmp_path / "r.png"
-    plotting.plot_results(results, str(out2), "t")
+    plots.plot_results(results, str(out2), "t")
     assert out2.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError):
-        plotting.plot_busbw(series, str(out), "t", yscale="cubic")
+        plots.plot_busbw(series, str(out), "t", yscale="cubic")
 
 
 def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    assert not plotting.available()
+    assert not plots.available()
     with pytest.raises(ImportError) as info:
-        plotting.plot_busbw({"a": [(4096, 1.0)]}, "/nonexistent/x.png", "t")
+        plots.plot_busbw({"a": [(4096, 1.0)]}, "/nonexistent/x.png", "t")
     assert str(info.value) == "plotting needs matplotlib: pip install matplotlib"
     assert bench.main(bench.build_parser().parse_args(["--plot", "x.png"])) == 2
     assert capsys.readouterr().err == "pycoll bench: plotting needs matplotlib: pip install matplotlib\n"
 
 
 def test_modules_import_lightly() -> None:
-    """pycoll.benchmark, pycoll.baselines and pycoll.plotting load neither the native module nor
+    """pycoll.bench's modules load neither the native module nor
     numpy, torch, mpi4py or matplotlib when imported (the baselines' scripts and `pycoll --help`)."""
     code = (
-        "import sys; import pycoll.benchmark, pycoll.baselines, pycoll.plotting, pycoll.cli.bench; "
+        "import sys; import pycoll.bench.timing, pycoll.bench.inputs, pycoll.bench.report, "
+        "pycoll.bench.options, pycoll.bench.baselines, pycoll.bench.plots, pycoll.bench.variants, "
+        "pycoll.bench.jobs, pycoll.bench.worker, pycoll.cli.bench; "
         "heavy = ('pycoll._C', 'numpy', 'torch', 'mpi4py', 'matplotlib'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
@@ -426,7 +476,10 @@ def test_replay_clock_gives_pytest_benchmark_the_measured_stats(tmp_path: Path) 
     # --benchmark-compare against the saved run works as for any benchmark
     proc = subprocess.run(
         [*cmd[:-1], "--benchmark-compare=0001", "--benchmark-compare-fail=min:1%"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0001_one" in proc.stdout

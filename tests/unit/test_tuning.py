@@ -15,14 +15,7 @@ from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.algorithms.simulate import simulate
 from pycoll.compression import get_codec
 from pycoll.tuning import LINKS, DeviceProfile, LinkProfile, Model, expected_error
-from pycoll.tuning.calibrate import (
-    Measurement,
-    fit,
-    load_model,
-    model_from_dict,
-    model_to_dict,
-    save_model,
-)
+from pycoll.tuning.calibrate import Measurement, fit
 from pycoll.tuning.model import (
     DECODED,
     ENCODED,
@@ -32,6 +25,7 @@ from pycoll.tuning.model import (
     latency_hops,
     step_loads,
 )
+from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict, save_model
 
 SEG = 4096  # elements per message in the plan-level tests
 
@@ -245,7 +239,7 @@ def test_auto_compression_respects_the_budget() -> None:
 
 
 def _synthetic(model: Model) -> list[Measurement]:
-    from pycoll.tuning.calibrate import shm_fragment_bytes, shm_segment_bytes
+    from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes
 
     points = []
     for world in (2, 3, 4):
@@ -338,6 +332,51 @@ def test_save_and_load(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert load_model() is None
 
 
+def test_tuning_file_location(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from pathlib import Path
+
+    from pycoll.tuning.persist import tuning_file
+
+    monkeypatch.delenv("PYCOLL_TUNING_FILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning_file() == tmp_path / "pycoll" / "tuning.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tuning_file() == Path.home() / ".cache" / "pycoll" / "tuning.json"
+    monkeypatch.setenv("PYCOLL_TUNING_FILE", str(tmp_path / "t.json"))
+    assert tuning_file() == tmp_path / "t.json"
+
+
+def test_tool_environment_reads_live_in_env() -> None:
+    from pycoll import env
+
+    assert env.tuning_file_setting({}) is None and env.tuning_file_setting({"PYCOLL_TUNING_FILE": ""}) is None
+    assert env.tuning_file_setting({"PYCOLL_TUNING_FILE": "none"}) == "none"
+    assert env.cache_home({"XDG_CACHE_HOME": "/c"}) == "/c"
+    assert not env.started_by_mpirun({}) and not env.started_by_mpirun({"OMPI_COMM_WORLD_RANK": ""})
+    assert env.started_by_mpirun({"OMPI_COMM_WORLD_RANK": "0"}) and env.started_by_mpirun({"PMIX_RANK": "1"})
+    assert env.master_address({}) == (None, None)
+    assert env.master_address({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}) == ("h", "29500")
+    assert env.environ_with({"PYCOLL_X_TEST": "1"})["PYCOLL_X_TEST"] == "1"
+
+
+def test_core_loads_the_model_without_calibration_or_the_tools() -> None:
+    """pycoll.comm imports the cost model's persistence (pycoll.tuning.persist) only: not calibration,
+    the benchmark package, the CLI or argparse."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, pycoll.comm; "
+        "print(sorted(m for m in sys.modules if m == 'argparse' or m == 'pycoll.tuning.calibrate' "
+        "or m.startswith(('pycoll.bench', 'pycoll.cli'))))"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_model_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     from pycoll.cli.main import main
 
@@ -410,7 +449,7 @@ def test_fit_keeps_the_residuals_as_corrections() -> None:
     odd = points[7]
     points[7] = Measurement(odd.world, odd.algorithm, odd.codec, odd.bytes, odd.time_s * 3)  # one stall
     fitted, _ = fit(points, workers=2)
-    from pycoll.tuning.calibrate import shm_fragment_bytes, shm_segment_bytes
+    from pycoll.tuning.persist import shm_fragment_bytes, shm_segment_bytes
 
     at = replace(
         fitted, segment_bytes=shm_segment_bytes(odd.world), fragment_bytes=shm_fragment_bytes(odd.world)

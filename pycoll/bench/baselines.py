@@ -18,7 +18,7 @@ name       what is timed                                       needs
 
 One home for them: ``unavailable(name)`` says up front (in the launcher, before any rank starts) what
 is missing; ``connect(names)`` forms the libraries' communicators in a rank and returns ``Baseline``
-objects whose ``variant(op, dtype)`` is a ``benchmark.Variant`` for ``run_interleaved_sweep`` (or None
+objects whose ``variant(op, dtype)`` is a ``timing.Variant`` for ``run_interleaved_sweep`` (or None
 when the library cannot reduce that op and type: MPI has no bfloat16 and no avg; avg is checked on
 floating types only). The scripts in bench/baselines are thin wrappers over this module.
 
@@ -44,7 +44,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from pycoll import benchmark
+from pycoll.bench.inputs import resolve_dtype
+from pycoll.bench.timing import Variant
+from pycoll.env import launcher_hosts_store, master_address, started_by_mpirun
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,10 +149,10 @@ class Baseline:
 
     def supports(self, op: str, dtype: Any) -> bool:
         """Whether ``variant(op, dtype)`` exists (the library reduces it and its result can be checked)."""
-        name = benchmark.resolve_dtype(dtype).name
+        name = resolve_dtype(dtype).name
         return op in _TORCH_OPS and (op != "avg" or name in _FLOAT_TYPES)
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> benchmark.Variant | None:
+    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
         """The all-reduce with ``op`` on arrays of ``dtype`` as a sweep variant; None if unsupported."""
         raise NotImplementedError
 
@@ -162,7 +164,7 @@ class Baseline:
 
     def unsupported(self, ops: Sequence[str], dtypes: Sequence[Any]) -> list[str]:
         """Which of ``ops`` and ``dtypes`` it never runs, e.g. ["bfloat16", "avg"] (for a note)."""
-        names = [benchmark.resolve_dtype(d).name for d in dtypes]
+        names = [resolve_dtype(d).name for d in dtypes]
         out = [name for name in names if not any(self.supports(op, name) for op in ops)]
         out += [op for op in ops if not any(self.supports(op, name) for name in names)]
         return out
@@ -190,7 +192,7 @@ class _TorchBaseline(Baseline):
 class GlooBaseline(_TorchBaseline):
     name = "gloo"
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> benchmark.Variant | None:
+    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
         if not self.supports(op, dtype):
             return None
         import torch.distributed as dist
@@ -205,7 +207,7 @@ class GlooBaseline(_TorchBaseline):
                 cached[:] = [x, _torch_view(x)]
             dist.all_reduce(cached[1], op=reduce_op)
 
-        return benchmark.Variant("none", allreduce, library=self.name, algorithm=self.algorithm, op=op)
+        return Variant("none", allreduce, library=self.name, algorithm=self.algorithm, op=op)
 
     def barrier(self) -> None:
         import torch.distributed as dist
@@ -226,7 +228,7 @@ class NcclBaseline(_TorchBaseline):
         super().__init__(rank, world, version)
         self.device = device
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> benchmark.Variant | None:
+    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
         if not self.supports(op, dtype):
             return None
         import torch
@@ -255,7 +257,7 @@ class NcclBaseline(_TorchBaseline):
             host, dev = tensors(x)
             host.copy_(dev)
 
-        return benchmark.Variant(
+        return Variant(
             "none", allreduce, library=self.name, algorithm=self.algorithm, op=op, before=before, after=after
         )
 
@@ -283,9 +285,9 @@ class MpiBaseline(Baseline):
 
     def supports(self, op: str, dtype: Any) -> bool:
         # mpi4py has no bfloat16 buffer type, MPI no average.
-        return op in _MPI_OPS and benchmark.resolve_dtype(dtype).name != "bfloat16"
+        return op in _MPI_OPS and resolve_dtype(dtype).name != "bfloat16"
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> benchmark.Variant | None:
+    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
         if not self.supports(op, dtype):
             return None
         from mpi4py import MPI
@@ -295,7 +297,7 @@ class MpiBaseline(Baseline):
         def allreduce(x: np.ndarray) -> None:
             comm.Allreduce(MPI.IN_PLACE, x, op=mpi_op)
 
-        return benchmark.Variant("none", allreduce, library=self.name, algorithm=self.algorithm, op=op)
+        return Variant("none", allreduce, library=self.name, algorithm=self.algorithm, op=op)
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -312,7 +314,7 @@ class MpiBaseline(Baseline):
 
 
 def _mpi() -> MpiBaseline:
-    if not os.environ.get("OMPI_COMM_WORLD_RANK") and not os.environ.get("PMIX_RANK"):
+    if not started_by_mpirun():
         raise RuntimeError(
             "--baseline mpi: the ranks must be started by mpirun (pycoll bench does that itself when "
             "run without --worker)"
@@ -328,14 +330,13 @@ def _mpi() -> MpiBaseline:
 def _default_rendezvous_file() -> str | None:
     """Where ranks without a shared file name meet: None under torchrun (env://); under ``pycoll run``
     a file named after the launcher (our parent) and its port; under mpirun after the job id."""
-    if os.environ.get("PYCOLL_LAUNCHER_STORE") == "1":
+    addr, port = master_address()
+    if launcher_hosts_store():
         # `pycoll run` itself listens on MASTER_PORT with pycoll's own store protocol, so torch cannot
         # host its TCPStore there: meet through a file named after the launcher and its port, the same
         # for every rank of this job and different between jobs.
-        return os.path.join(
-            tempfile.gettempdir(), f"pycoll-baseline-{os.getppid()}-{os.environ.get('MASTER_PORT', '0')}"
-        )
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return os.path.join(tempfile.gettempdir(), f"pycoll-baseline-{os.getppid()}-{port or '0'}")
+    if addr and port:
         return None
     from pycoll.bootstrap.env import detect_launch
 

@@ -1,8 +1,8 @@
 """Plots of bandwidth against message size: ``pycoll bench --plot`` (measured busbw), reusable for
 predicted curves (a dashed line per predicted series).
 
-    from pycoll import plotting
-    plotting.plot_busbw(
+    from pycoll.bench import plots
+    plots.plot_busbw(
         {"pycoll/ring": [(4096, 1.2), (1 << 20, 20.5)], "model": [(4096, 1.5), (1 << 20, 22.0)]},
         "busbw.png",
         "all-reduce busbw: 4 ranks on host",
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pycoll.benchmark import Result
+    from pycoll.bench.timing import Result
 
 __all__ = ["MISSING", "available", "plot_busbw", "plot_results", "results_series"]
 
@@ -108,7 +108,7 @@ def plot_busbw(
 
 
 def results_series(results: Iterable[Result]) -> dict[str, list[tuple[int, float]]]:
-    """``benchmark.Result`` rows as plot series: label (``pycoll/ring``, ``gloo``...; with the type and
+    """``timing.Result`` rows as plot series: label (``pycoll/ring``, ``gloo``...; with the type and
     op appended when the results hold several) -> (bytes, busbw GB/s) points."""
     rows = list(results)
     several = len({(r.dtype, r.redop) for r in rows}) > 1

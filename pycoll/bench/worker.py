@@ -1,0 +1,203 @@
+"""The rank side of a benchmark job: what one launched rank runs (``run_worker(job)``).
+
+A rank started by ``run_job`` (``python pycoll/bootstrap/spawn.py pycoll.bench.worker --job JSON``),
+or by ``pycoll bench --worker`` under a launcher of the user's (``pycoll run``, ``torchrun``,
+``mpirun``), calls ``pycoll.init()``, connects the baselines, builds the variants of every (type, op)
+sweep, times them interleaved (``report.run_and_report``), and rank 0 prints the table (with
+``Job.table``; and, on a terminal, a progress line on stderr), writes the JSON records and the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pycoll.bench.jobs import Job
+from pycoll.bench.report import ProgressLine, run_and_report
+from pycoll.bench.timing import Result, Variant
+from pycoll.bench.variants import auto_variant, make_variants
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pycoll.bench.baselines import Baseline
+
+__all__ = ["exit_rank", "main", "run_worker"]
+
+
+def _sweeps(job: Job, connected: Sequence[Baseline]) -> tuple[list[tuple[str, list[Variant]]], list[str]]:
+    """(dtype, variants) for every type and op of ``job``, and notes on what was left out. A
+    ``compression`` of "auto" adds ``compression="auto"`` (``variants.auto_variant``) to each sweep."""
+    algorithms = list(job.algorithm)
+    codecs = [codec for codec in job.compression if codec != "auto"]
+    ops = list(job.op)
+    dtypes = list(job.datatype)
+    sweeps: list[tuple[str, list[Variant]]] = []
+    no_avg = []
+    for dtype in dtypes:
+        for op in ops:
+            if op == "avg" and dtype not in ("float32", "float64", "float16", "bfloat16"):
+                no_avg.append(dtype)
+                continue
+            variants = make_variants(algorithms, codecs, connected, op=op, dtype=dtype)
+            if "auto" in job.compression:
+                variants.append(auto_variant(job.error_budget))
+            sweeps.append((dtype, variants))
+    notes = []
+    if no_avg:
+        notes.append(f"avg skipped on {', '.join(no_avg)} (floating types only)")
+    for b in connected:
+        missing = b.unsupported(ops, dtypes)
+        if missing:
+            notes.append(f"{b.name} skipped {', '.join(missing)} (not supported)")
+    return sweeps, notes
+
+
+def _rendezvous_file(rank: int) -> str:
+    """A fresh file name for the baselines' torch FileStore, picked by rank 0 and broadcast over
+    pycoll, so every rank meets in it whatever launcher started them."""
+    import tempfile
+    import uuid
+
+    import numpy as np
+
+    import pycoll
+
+    buf = np.zeros(512, dtype=np.uint8)
+    if rank == 0:
+        path = os.path.join(tempfile.gettempdir(), f"pycoll-bench-{uuid.uuid4().hex}").encode()
+        buf[: len(path)] = np.frombuffer(path, dtype=np.uint8)
+    pycoll.broadcast(buf, 0)
+    return bytes(buf).rstrip(b"\0").decode()
+
+
+def run_worker(job: Job) -> int:
+    """One rank of ``job``: form the communicator (and the baselines'), run the sweeps, print (rank 0,
+    with ``job.table``), write JSON and the plot (rank 0)."""
+    import pycoll
+
+    comm = pycoll.init()
+    store_file = None
+    try:
+        rank, world = comm.rank, comm.world_size
+        algorithms = list(job.algorithm)
+        names = list(job.compression)
+        wanted = list(job.baseline)
+        connected: list[Baseline] = []
+        if wanted:
+            from pycoll.bench import baselines
+
+            if any(name in ("gloo", "nccl") for name in wanted):
+                store_file = _rendezvous_file(rank)
+            connected = baselines.connect(wanted, rendezvous_file=store_file)
+        sweeps, notes = _sweeps(job, connected)
+
+        def reduce_max(a: np.ndarray) -> np.ndarray:
+            pycoll.allreduce(a, op="max")
+            return a
+
+        version = pycoll.__version__
+        versions = {"pycoll": f"pycoll {version}", **{b.name: b.version for b in connected}}
+        title = f"pycoll {version}: pycoll.allreduce(algorithm={','.join(algorithms)}"
+        if names != ["none"]:
+            title += f", compression={','.join(names)}"
+        title += f"), {world} ranks"
+        if connected:
+            title += "; baselines: " + ", ".join(f"{b.name} ({b.version})" for b in connected)
+        if names != ["none"]:
+            title += "; algbw/busbw effective (uncompressed bytes / time), error = relative L2 error"
+        meta: dict[str, Any] = {"host": platform.node()}
+        codec_reprs: dict[str, str] = {}
+        if names != ["none"]:
+            from pycoll.compression import get_codec
+
+            codec_reprs = {name: repr(get_codec(name)) for name in names if name not in ("none", "auto")}
+
+        def record_meta(result: Result) -> Mapping[str, Any]:
+            extra: dict[str, Any] = {"library_version": versions.get(result.library, result.library)}
+            if result.library == "pycoll" and result.codec in codec_reprs:
+                from pycoll.api import auto_compressed_algorithm
+
+                auto = result.algorithm == "auto"
+                extra["codec_algorithm"] = auto_compressed_algorithm(comm) if auto else result.algorithm
+                extra["codecs"] = codec_reprs
+            return extra
+
+        progress = None
+        if rank == 0:
+            mode = job.progress if job.table else "off"
+            progress = ProgressLine(enabled=None if mode == "auto" else mode == "on")
+        results = run_and_report(
+            None,
+            pycoll.barrier,
+            reduce_max,
+            rank,
+            world,
+            job,
+            title=title,
+            print_fn=None if job.table else _no_print,
+            meta=meta,
+            sweeps=sweeps,
+            record_meta=record_meta,
+            progress=progress,
+        )
+        if rank == 0 and job.table:
+            for note in notes:
+                print(f"# {note}", flush=True)
+            if job.plot:
+                from pycoll.bench import plots
+
+                plots.plot_results(
+                    results,
+                    job.plot,
+                    title=f"all-reduce busbw: {world} ranks on {platform.node()}",
+                    yscale=job.plot_yscale,
+                )
+                print(f"# plot: {job.plot}", flush=True)
+        pycoll.barrier()
+    finally:
+        if store_file is not None and comm.rank == 0:
+            try:
+                os.remove(store_file)
+            except OSError:
+                pass
+        pycoll.finalize(comm)
+    return 0
+
+
+def _no_print(line: str) -> None:
+    """``Job.table`` off: rank 0 prints nothing."""
+
+
+def exit_rank(code: int) -> int:
+    """Return ``code``, or, in a rank that formed a torch process group (the gloo and nccl baselines),
+    end the process with it at once: torch 2.13's gloo threads sometimes abort the interpreter's
+    teardown ("terminate called without an active exception", SIGABRT) after everything is done, which
+    the launcher would report as a failed rank. Called after pycoll is finalized and the output written;
+    stdout and stderr are flushed first, and MPI is finalized (mpirun counts a rank that exits without
+    MPI_Finalize as failed; mpi4py would otherwise do it at exit)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return code
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pycoll.bench.worker --job JSON`` (what ``jobs.rank_command`` starts): one rank."""
+    parser = argparse.ArgumentParser(prog="python -m pycoll.bench.worker")
+    parser.add_argument("--job", required=True, help="the job, as Job.to_json() wrote it")
+    job = Job.from_json(parser.parse_args(argv).job)
+    return exit_rank(run_worker(job))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
