@@ -78,7 +78,7 @@ def _variant(name: str, algorithm: str, op: str = "sum") -> Variant:
     """pycoll's all-reduce with one ``--compression`` value and ``algorithm``, with its inputs."""
     import pycoll
     from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
-    from pycoll.api import auto_compressed_algorithm
+    from pycoll.auto import auto_compressed_algorithm
     from pycoll.compression import get_codec
 
     codec = get_codec(name)

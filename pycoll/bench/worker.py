@@ -120,7 +120,7 @@ def run_worker(job: Job) -> int:
         def record_meta(result: Result) -> Mapping[str, Any]:
             extra: dict[str, Any] = {"library_version": versions.get(result.library, result.library)}
             if result.library == "pycoll" and result.codec in codec_reprs:
-                from pycoll.api import auto_compressed_algorithm
+                from pycoll.auto import auto_compressed_algorithm
 
                 auto = result.algorithm == "auto"
                 extra["codec_algorithm"] = auto_compressed_algorithm(comm) if auto else result.algorithm

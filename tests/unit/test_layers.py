@@ -54,9 +54,6 @@ RULES = Rules(
         "pycoll.cli": "tools",
         "pycoll.run": "tools",  # ``python -m pycoll.run``: the launcher CLI
         "pycoll.bench": "tools",
-        "pycoll.benchmark": "tools",  # (moving into pycoll.bench)
-        "pycoll.baselines": "tools",  # (moving into pycoll.bench)
-        "pycoll.plotting": "tools",  # (moving into pycoll.bench)
         "pycoll.tuning.calibrate": "tools",
         "pycoll.doctor": "tools",
         # integrations: imported only by users who have what they integrate with
