@@ -94,21 +94,12 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
 
   char name[64];
   std::snprintf(name, sizeof name, "pycoll-rank%d", rank);
-  fd_ = static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
-  PYCOLL_CHECK_SYS(fd_);
-  if (ftruncate(fd_, static_cast<off_t>(size_)) < 0) {
-    int err = errno;
-    ::close(fd_);
-    errno = err;
+  fd_.reset(static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC)));
+  PYCOLL_CHECK_SYS(fd_.get());
+  if (ftruncate(fd_.get(), static_cast<off_t>(size_)) < 0)
     throw_system_error("ftruncate(shared-memory segment)", __FILE__, __LINE__);
-  }
-  void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (base == MAP_FAILED) {
-    int err = errno;
-    ::close(fd_);
-    errno = err;
-    throw_system_error("mmap(shared-memory segment)", __FILE__, __LINE__);
-  }
+  void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+  if (base == MAP_FAILED) throw_system_error("mmap(shared-memory segment)", __FILE__, __LINE__);
   segments_.assign(world, nullptr);
   segments_[rank] = static_cast<uint8_t*>(base);
 
@@ -131,7 +122,7 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
     ch->head.store(0);
     ch->tail.store(0);
   }
-  pidfds_.assign(world, -1);
+  pidfds_.resize(world);
   pids_.assign(world, 0);
   pids_[rank] = getpid();
   send_head_.assign(world, 0);
@@ -141,18 +132,14 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
 }
 
 ShmTransport::~ShmTransport() {
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < world_; ++r)
     if (segments_[r]) munmap(segments_[r], size_);
-    if (pidfds_[r] >= 0) ::close(pidfds_[r]);
-  }
-  if (fd_ >= 0) ::close(fd_);
 }
 
 void ShmTransport::close_segment_fd() {
-  if (fd_ >= 0) {
-    PYCOLL_CHECK_SYS(::close(fd_));
-    fd_ = -1;
-  }
+  if (!fd_) return;
+  const int fd = fd_.release();
+  PYCOLL_CHECK_SYS(::close(fd));
 }
 
 void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>& fds) {
@@ -163,8 +150,8 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
     pids_[r] = pids[r];
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pids[r], fds[r]);
-    int fd = ::open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
+    if (!fd) {
       int err = errno;
       throw Error(ErrorKind::kPeerLost,
                   "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path +
@@ -174,20 +161,14 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
                   r);
     }
     struct stat st;
-    if (fstat(fd, &st) < 0 || static_cast<size_t>(st.st_size) != size_) {
-      ::close(fd);
+    if (fstat(fd.get(), &st) < 0 || static_cast<size_t>(st.st_size) != size_)
       throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
                                             "'s shared-memory segment has another size: the ranks were "
                                             "configured differently (PYCOLL_SHM_SLOT_BYTES / PYCOLL_SHM_SLOTS "
                                             "or world size)");
-    }
-    void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int err = errno;
-    ::close(fd);
-    if (base == MAP_FAILED) {
-      errno = err;
-      throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
-    }
+    void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (base == MAP_FAILED) throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
+    fd.reset();  // the mapping holds the segment
     segments_[r] = static_cast<uint8_t*>(base);
     const ControlBlock* cb = control(r);
     if (cb->magic != kMagic || cb->version != kVersion || cb->rank != r || cb->world != world_ ||
@@ -195,8 +176,7 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
       throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
                                             "'s shared-memory segment does not match this rank's "
                                             "(different pycoll version, world size or slot configuration)");
-    int64_t pfd = pidfd_open(pids[r]);
-    pidfds_[r] = pfd >= 0 ? static_cast<int>(pfd) : -1;  // ENOSYS/EPERM: fall back to /proc
+    pidfds_[r].reset(static_cast<int>(pidfd_open(pids[r])));  // -1 (ENOSYS/EPERM): fall back to /proc
   }
 }
 
@@ -392,8 +372,8 @@ void ShmTransport::check_peers_alive() {
   for (int r = 0; r < world_; ++r) {
     if (r == rank_ || pids_[r] == 0) continue;
     bool dead = false;
-    if (pidfds_[r] >= 0) {
-      struct pollfd p = {pidfds_[r], POLLIN, 0};
+    if (pidfds_[r]) {
+      struct pollfd p = {pidfds_[r].get(), POLLIN, 0};
       int rc = ::poll(&p, 1, 0);
       PYCOLL_CHECK_SYS(rc);
       dead = rc > 0;  // a pidfd becomes readable when its process exits

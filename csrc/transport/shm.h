@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/fd.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -39,7 +40,7 @@ class ShmTransport final : public Transport {
   ShmTransport& operator=(const ShmTransport&) = delete;
 
   // This rank's segment, for the others to map: the owner's pid, its fd, the size.
-  int segment_fd() const { return fd_; }
+  int segment_fd() const { return fd_.get(); }
   size_t segment_size() const { return size_; }
   // Map every peer's segment (pids[r], fds[r] as they published them; entries for this rank ignored).
   void connect(const std::vector<int>& pids, const std::vector<int>& fds);
@@ -87,11 +88,11 @@ class ShmTransport final : public Transport {
   int rank_;
   int world_;
   ShmConfig config_;
-  int fd_ = -1;
+  UniqueFd fd_;
   size_t size_ = 0;
   size_t channel_stride_ = 0;
   std::vector<uint8_t*> segments_;  // segments_[r]: rank r's segment mapped here
-  std::vector<int> pidfds_;         // -1 where pidfd_open is unavailable (then /proc is read)
+  std::vector<UniqueFd> pidfds_;    // none where pidfd_open is unavailable (then /proc is read)
   std::vector<int> pids_;
   // Local copies of the ring counters, so the shared ones are read only when a ring looks full / empty.
   std::vector<uint64_t> send_head_, send_tail_seen_, recv_tail_, recv_head_seen_;

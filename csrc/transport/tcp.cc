@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <exception>
 
 #include "transport/hmac.h"
 
@@ -138,21 +137,21 @@ TcpTransport::TcpTransport(int rank, int world, const TcpConfig& config, const s
   if (world < 1 || rank < 0 || rank >= world) throw Error(ErrorKind::kInvalidUsage, "bad rank or world size");
   if (config.slots < 2 || config.fragment_bytes < 4096)
     throw Error(ErrorKind::kInvalidUsage, "TCP transport needs >= 2 slots of >= 4096 bytes");
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  PYCOLL_CHECK_SYS(listen_fd_);
+  listen_fd_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  PYCOLL_CHECK_SYS(listen_fd_.get());
   int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in addr{};
   if (!parse_address(bind_host + ":0", &addr))
     throw Error(ErrorKind::kInvalidUsage, "cannot listen on '" + bind_host + "': not an IPv4 address");
-  PYCOLL_CHECK_SYS(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr));
-  PYCOLL_CHECK_SYS(::listen(listen_fd_, std::max(16, world)));
+  PYCOLL_CHECK_SYS(::bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr));
+  PYCOLL_CHECK_SYS(::listen(listen_fd_.get(), std::max(16, world)));
   socklen_t len = sizeof addr;
-  PYCOLL_CHECK_SYS(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len));
+  PYCOLL_CHECK_SYS(::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len));
   listen_port_ = ntohs(addr.sin_port);
-  set_nonblocking(listen_fd_);
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  PYCOLL_CHECK_SYS(wake_fd_);
+  set_nonblocking(listen_fd_.get());
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  PYCOLL_CHECK_SYS(wake_fd_.get());
   for (int r = 0; r < world; ++r) {
     if (r == rank) continue;
     Peer& p = peers_[r];
@@ -174,7 +173,7 @@ TcpTransport::~TcpTransport() {
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
     auto flushed = [this] {
       for (const Peer& p : peers_)
-        if (!p.lost && p.fd >= 0 && !p.out.empty()) return false;
+        if (!p.lost && p.fd && !p.out.empty()) return false;
       return true;
     };
     while (io_.joinable() && !flushed() && Clock::now() < deadline) {
@@ -192,9 +191,9 @@ TcpTransport::~TcpTransport() {
   // has not read yet. Bounded: a peer that keeps its end open is closed on after a moment.
   std::vector<struct pollfd> open;
   for (Peer& p : peers_)
-    if (p.fd >= 0) {
-      ::shutdown(p.fd, SHUT_WR);
-      open.push_back({p.fd, POLLIN, 0});
+    if (p.fd) {
+      ::shutdown(p.fd.get(), SHUT_WR);
+      open.push_back({p.fd.get(), POLLIN, 0});
     }
   const Clock::time_point linger = Clock::now() + std::chrono::seconds(2);
   char sink[65536];
@@ -211,10 +210,6 @@ TcpTransport::~TcpTransport() {
       }
     }
   }
-  for (Peer& p : peers_)
-    if (p.fd >= 0) ::close(p.fd);
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 size_t TcpTransport::slot_stride() const {
@@ -242,18 +237,18 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, const std:
                   "rank " + std::to_string(r) + " published a bad address '" + addresses[r] + "'");
     std::string last = "no answer";
     bool impostor = false;  // a listener answered there without the key: the likelier cause, said first
-    while (peers_[r].fd < 0) {
-      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      PYCOLL_CHECK_SYS(fd);
-      set_nonblocking(fd);
-      int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    while (!peers_[r].fd) {
+      UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      PYCOLL_CHECK_SYS(fd.get());
+      set_nonblocking(fd.get());
+      int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
       bool ok = rc == 0 || errno == EINPROGRESS;
       if (rc != 0 && ok) {
-        struct pollfd pfd = {fd, POLLOUT, 0};
+        struct pollfd pfd = {fd.get(), POLLOUT, 0};
         ok = ::poll(&pfd, 1, ms_left(deadline)) == 1;
         int err = 0;
         socklen_t len = sizeof err;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
         if (err) {
           errno = err;
           ok = false;
@@ -264,8 +259,9 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, const std:
       Challenge challenge{};
       if (!ok) {
         last = errno_text("connect");
-      } else if (!exchange(fd, &hello, sizeof hello, true, deadline) ||
-                 !exchange(fd, &challenge, sizeof challenge, false, deadline) || challenge.magic != kChallengeMagic) {
+      } else if (!exchange(fd.get(), &hello, sizeof hello, true, deadline) ||
+                 !exchange(fd.get(), &challenge, sizeof challenge, false, deadline) ||
+                 challenge.magic != kChallengeMagic) {
         last = "the handshake failed";
       } else if (!proof_matches(challenge.proof, handshake_proof(key, 'L', hello, challenge.nonce))) {
         impostor = true;
@@ -274,14 +270,14 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, const std:
         const Digest proof = handshake_proof(key, 'D', hello, challenge.nonce);
         Proof mine{};
         std::memcpy(mine.proof, proof.data(), proof.size());
-        if (exchange(fd, &mine, sizeof mine, true, deadline)) {
-          tune(fd);
-          peers_[r].fd = fd;
+        if (exchange(fd.get(), &mine, sizeof mine, true, deadline)) {
+          tune(fd.get());
+          peers_[r].fd = std::move(fd);
           break;
         }
         last = "the handshake failed";
       }
-      ::close(fd);
+      fd.reset();
       if (Clock::now() >= deadline) {
         const std::string why =
             impostor ? "whoever listens there did not prove it holds this job's key; last attempt: " + last : last;
@@ -294,8 +290,7 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, const std:
   }
   accept_ranks_above(addresses, key, deadline, timeout_s);
   // Nobody else may connect from now on: anything that tries is refused by the kernel.
-  ::close(listen_fd_);
-  listen_fd_ = -1;
+  listen_fd_.reset();
   io_ = std::thread([this] { io_loop(); });
 }
 
@@ -305,7 +300,7 @@ void TcpTransport::connect(const std::vector<std::string>& addresses, const std:
 void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses, const std::string& key,
                                       Clock::time_point deadline, double timeout_s) {
   struct Pending {
-    int fd;
+    UniqueFd fd;
     Clock::time_point give_up;
     int stage = 0;    // 0: reading the Hello, 1: writing the Challenge, 2: reading the Proof
     size_t done = 0;  // bytes of the current stage's message
@@ -315,8 +310,7 @@ void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses,
   };
   std::vector<Pending> pending;
   auto drop = [&](size_t i) {
-    ::close(pending[i].fd);
-    pending[i] = pending.back();
+    pending[i] = std::move(pending.back());  // closes pending[i]'s socket
     pending.pop_back();
     ++rejected_;  // not one of this job's ranks: close it and go on
   };
@@ -330,8 +324,8 @@ void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses,
       const size_t n = p.stage == 0 ? sizeof p.hello : p.stage == 1 ? sizeof p.challenge : sizeof p.proof;
       const bool send = p.stage == 1;
       while (p.done < n) {
-        const ssize_t k = send ? ::send(p.fd, static_cast<uint8_t*>(buf) + p.done, n - p.done, MSG_NOSIGNAL)
-                               : ::recv(p.fd, static_cast<uint8_t*>(buf) + p.done, n - p.done, 0);
+        const ssize_t k = send ? ::send(p.fd.get(), static_cast<uint8_t*>(buf) + p.done, n - p.done, MSG_NOSIGNAL)
+                               : ::recv(p.fd.get(), static_cast<uint8_t*>(buf) + p.done, n - p.done, 0);
         if (k > 0) {
           p.done += static_cast<size_t>(k);
           continue;
@@ -343,7 +337,7 @@ void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses,
       const Hello& h = p.hello;
       if (p.stage == 0) {
         if (h.magic != kHelloMagic || h.world != world_ || h.to != rank_ || h.rank <= rank_ || h.rank >= world_ ||
-            addresses[h.rank].empty() || peers_[h.rank].fd >= 0)
+            addresses[h.rank].empty() || peers_[h.rank].fd)
           return kFailed;
         p.challenge.magic = kChallengeMagic;
         random_bytes(p.challenge.nonce, kNonceBytes);
@@ -354,18 +348,10 @@ void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses,
         p.stage = 2;
       } else {
         const bool good = proof_matches(p.proof.proof, handshake_proof(key, 'D', h, p.challenge.nonce));
-        return good && peers_[h.rank].fd < 0 ? kAccepted : kFailed;
+        return good && !peers_[h.rank].fd ? kAccepted : kFailed;
       }
     }
   };
-  struct CloseOnThrow {  // an error below (e.g. from getrandom) must not leak the sockets in handshake
-    std::vector<Pending>& pending;
-    const int unwinding = std::uncaught_exceptions();
-    ~CloseOnThrow() {
-      if (std::uncaught_exceptions() > unwinding)
-        for (const Pending& p : pending) ::close(p.fd);
-    }
-  } guard{pending};
   int missing = 0;
   for (int r = rank_ + 1; r < world_; ++r) missing += !addresses[r].empty();
   std::vector<struct pollfd> fds;
@@ -375,34 +361,34 @@ void TcpTransport::accept_ranks_above(const std::vector<std::string>& addresses,
       while (!pending.empty()) drop(pending.size() - 1);
       std::string who;
       for (int r = rank_ + 1; r < world_; ++r)
-        if (peers_[r].fd < 0 && !addresses[r].empty()) who += (who.empty() ? "" : ", ") + std::to_string(r);
+        if (!peers_[r].fd && !addresses[r].empty()) who += (who.empty() ? "" : ", ") + std::to_string(r);
       throw Error(ErrorKind::kTimeout, "rank " + std::to_string(rank_) + ": rank(s) " + who +
                                            " did not connect within " + std::to_string(timeout_s) + " s");
     }
     Clock::time_point wake = deadline;
     fds.clear();
-    fds.push_back({listen_fd_, static_cast<short>(pending.size() < kMaxPending ? POLLIN : 0), 0});
+    fds.push_back({listen_fd_.get(), static_cast<short>(pending.size() < kMaxPending ? POLLIN : 0), 0});
     for (const Pending& p : pending) {
-      fds.push_back({p.fd, static_cast<short>(p.stage == 1 ? POLLOUT : POLLIN), 0});
+      fds.push_back({p.fd.get(), static_cast<short>(p.stage == 1 ? POLLOUT : POLLIN), 0});
       wake = std::min(wake, p.give_up);
     }
     ::poll(fds.data(), fds.size(), ms_left(wake));
     while (pending.size() < kMaxPending) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) break;
+      UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!fd) break;
       Pending p;
-      p.fd = fd;
+      p.fd = std::move(fd);
       p.give_up = Clock::now() + kHandshakeTimeout;
-      pending.push_back(p);
+      pending.push_back(std::move(p));
     }
     for (size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
       const Outcome outcome = advance(p);
       if (outcome == kAccepted) {
-        tune(p.fd);
-        peers_[p.hello.rank].fd = p.fd;
+        tune(p.fd.get());
+        peers_[p.hello.rank].fd = std::move(p.fd);
         --missing;
-        pending[i] = pending.back();
+        pending[i] = std::move(pending.back());
         pending.pop_back();
       } else if (outcome == kFailed || Clock::now() >= p.give_up) {
         drop(i);
@@ -475,7 +461,7 @@ void TcpTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
 
 void TcpTransport::wake_io() {
   uint64_t one = 1;
-  ssize_t rc = ::write(wake_fd_, &one, sizeof one);
+  ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);
   (void)rc;  // EAGAIN: a wake-up is already pending
 }
 
@@ -505,7 +491,7 @@ bool TcpTransport::pump_out(Peer& p, std::unique_lock<std::mutex>& lock) {
     // slots; `sending` keeps abort() from dropping this frame under it.
     p.sending = true;
     lock.unlock();
-    ssize_t k = ::send(p.fd, data + p.out_offset, total - p.out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t k = ::send(p.fd.get(), data + p.out_offset, total - p.out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
     const int err = errno;
     lock.lock();
     p.sending = false;
@@ -564,7 +550,7 @@ bool TcpTransport::pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock) {
     // Unlocked, like pump_out's send: `dst` is a slot the executor cannot see before `arrived` moves, or
     // this thread's own header and control buffers.
     lock.unlock();
-    ssize_t k = ::recv(p.fd, dst, want, MSG_DONTWAIT);
+    ssize_t k = ::recv(p.fd.get(), dst, want, MSG_DONTWAIT);
     const int err = errno;
     lock.lock();
     errno = err;
@@ -621,19 +607,19 @@ void TcpTransport::io_loop() {
   for (;;) {
     fds.clear();
     owner.clear();
-    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
     owner.push_back(-1);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       for (int r = 0; r < world_; ++r) {
         Peer& p = peers_[r];
-        if (r == rank_ || p.lost || p.fd < 0) continue;
+        if (r == rank_ || p.lost || !p.fd) continue;
         short events = 0;
         const bool header_pending = p.in_offset < sizeof(Frame);
         if (aborted_ || header_pending || p.arrived - p.released < config_.slots) events |= POLLIN;
         if (!p.out.empty()) events |= POLLOUT;
-        fds.push_back({p.fd, events, 0});
+        fds.push_back({p.fd.get(), events, 0});
         owner.push_back(r);
       }
     }
@@ -641,7 +627,7 @@ void TcpTransport::io_loop() {
     if (rc < 0 && errno != EINTR) return;  // cannot happen with valid descriptors; waiters time out
     if (fds[0].revents & POLLIN) {
       uint64_t drained;
-      ssize_t k = ::read(wake_fd_, &drained, sizeof drained);
+      ssize_t k = ::read(wake_fd_.get(), &drained, sizeof drained);
       (void)k;
     }
     bool progressed = false;
@@ -666,7 +652,7 @@ void TcpTransport::io_loop() {
 
 void TcpTransport::queue_control(int peer, uint32_t type, const void* payload, size_t bytes) {
   Peer& p = peers_[peer];
-  if (p.lost || p.fd < 0) return;
+  if (p.lost || !p.fd) return;
   Frame f{type, static_cast<uint32_t>(bytes), FragHeader{}};
   Outgoing o{-1, std::vector<uint8_t>(sizeof f + bytes)};
   std::memcpy(o.bytes.data(), &f, sizeof f);
@@ -754,7 +740,7 @@ std::vector<int> TcpTransport::ranks_not_entered(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int> out;
   for (int r = 0; r < world_; ++r)
-    if ((r == rank_ || peers_[r].fd >= 0) && (r == rank_ ? entered_ : peers_[r].entered) < seq) out.push_back(r);
+    if ((r == rank_ || peers_[r].fd) && (r == rank_ ? entered_ : peers_[r].entered) < seq) out.push_back(r);
   return out;
 }
 

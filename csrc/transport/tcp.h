@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/fd.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -83,7 +84,7 @@ class TcpTransport final : public Transport {
     std::vector<uint8_t> bytes;  // the control frame
   };
   struct Peer {
-    int fd = -1;
+    UniqueFd fd;
     bool lost = false;
     bool finalized = false;  // the peer said BYE: its connection closing next is no failure
     std::string lost_why;
@@ -123,9 +124,9 @@ class TcpTransport final : public Transport {
   int rank_;
   int world_;
   TcpConfig config_;
-  int listen_fd_ = -1;
+  UniqueFd listen_fd_;
   int listen_port_ = 0;
-  int wake_fd_ = -1;
+  UniqueFd wake_fd_;
   std::vector<Peer> peers_;
   std::mutex mu_;
   std::condition_variable cv_;
