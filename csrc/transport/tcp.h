@@ -16,7 +16,7 @@
 // it on its listening socket. Both ends prove they hold the job's key (from the rendezvous store, mixed
 // with PYCOLL_SECRET when that is set) without sending it: the dialer sends its rank and a random nonce,
 // the listener answers with its own nonce and an HMAC-SHA256 of both under the key, and the dialer
-// answers with its own HMAC (hmac.h; tcp.cc has the exact messages). A connection that fails (wrong
+// answers with its own HMAC (hmac.h; tcp_internal.h has the exact messages). A connection that fails (wrong
 // bytes, wrong proof, silence for 5 s) is closed and counted, and the rank keeps accepting; handshakes
 // run side by side, so stalled connections cannot hold the job back.
 #pragma once
@@ -105,6 +105,7 @@ class TcpTransport final : public Transport {
     Descriptor descs[kDescRing];
   };
 
+  void listen(const std::string& bind_host);  // opens listen_fd_ (tcp_listener.cc)
   void accept_ranks_above(const std::vector<std::string>& addresses, const std::string& key,
                           std::chrono::steady_clock::time_point deadline, double timeout_s);
   size_t slot_stride() const;
