@@ -10,7 +10,9 @@
 // descriptor a rank entered, for mismatch and timeout messages), ABORT (the error a rank failed with, so
 // that every rank raises it) and BYE (an orderly end: the peer finalized). A connection that closes or
 // fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
-// (within milliseconds).
+// (within milliseconds). If the I/O thread itself fails (poll() returns an error), every peer is lost at
+// once and the connections are shut down, so that waiters here and on the peers raise PeerLostError
+// instead of timing out.
 //
 // Connections are made once (connect()): each rank dials the ranks below it and accepts the ranks above
 // it on its listening socket. Both ends prove they hold the job's key (from the rendezvous store, mixed
@@ -118,6 +120,9 @@ class TcpTransport final : public Transport {
   bool pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock);
   void on_control(int r, Peer& p, uint32_t type);   // mu_ held
   void mark_lost(Peer& p, const std::string& why);  // mu_ held
+  // The I/O thread cannot go on (`why`: what failed, with its errno text): every peer is lost and the
+  // communicator aborted with that error, so that waiters raise it at once instead of timing out.
+  void fail_io(const std::string& why);
   void wake_io();
   void throw_if_aborted();                                             // mu_ held
   bool published_descriptor(int peer, uint64_t seq, Descriptor* out);  // mu_ held

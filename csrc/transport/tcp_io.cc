@@ -155,6 +155,26 @@ void TcpTransport::on_control(int r, Peer& p, uint32_t type) {
   }
 }
 
+void TcpTransport::fail_io(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r = 0; r < world_; ++r) {
+      Peer& p = peers_[r];
+      if (r == rank_ || !p.fd) continue;
+      mark_lost(p, "rank " + std::to_string(rank_) + "'s I/O thread failed: " + why);
+      ::shutdown(p.fd.get(), SHUT_RDWR);  // the peer hears at once that this end is gone
+    }
+    if (!aborted_) {
+      aborted_ = true;
+      abort_error_ = std::make_unique<Error>(
+          ErrorKind::kPeerLost,
+          "rank " + std::to_string(rank_) + "'s TCP I/O thread failed (" + why +
+              "): it lost every peer it reaches over TCP; the communicator cannot be used any more");
+    }
+  }
+  cv_.notify_all();
+}
+
 void TcpTransport::io_loop() {
   std::vector<struct pollfd> fds;
   std::vector<int> owner;
@@ -178,7 +198,7 @@ void TcpTransport::io_loop() {
       }
     }
     int rc = ::poll(fds.data(), fds.size(), 100);
-    if (rc < 0 && errno != EINTR) return;  // cannot happen with valid descriptors; waiters time out
+    if (rc < 0 && errno != EINTR) return fail_io(errno_text("poll"));
     if (fds[0].revents & POLLIN) {
       uint64_t drained;
       ssize_t k = ::read(wake_fd_.get(), &drained, sizeof drained);
