@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "transport/control.h"
 #include "transport/futex.h"
 
 namespace pycoll {
@@ -20,8 +21,7 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x7079636f6c6c3031ull;  // "pycoll01"
-constexpr uint32_t kVersion = 1;
-constexpr int kDescRing = 8;  // descriptors of the last 8 collectives a rank entered
+constexpr uint32_t kVersion = 2;                    // 2: the descriptor ring of control.h
 constexpr size_t kFragHeaderBytes = 64;
 constexpr size_t kAbortMsgBytes = 2048;
 
@@ -44,11 +44,6 @@ struct WaitEntry {
   std::atomic<uint64_t> target;  // the peer's counter value that satisfies it (head for data, tail for room)
 };
 
-struct alignas(64) DescSlot {
-  std::atomic<uint64_t> seq;  // 0 while being written
-  Descriptor desc;
-};
-
 struct ShmTransport::ControlBlock {
   // Written once at creation.
   uint64_t magic;
@@ -65,7 +60,7 @@ struct ShmTransport::ControlBlock {
   WaitEntry waits[kMaxWaitEntries];
   // The last collective this rank entered (0: none yet).
   alignas(64) std::atomic<uint64_t> entered_seq;
-  DescSlot descs[kDescRing];
+  DescriptorRing descs;
   // Abort record: 0 none, 1 being written, 2 readable.
   alignas(64) std::atomic<uint32_t> abort_state;
   int32_t abort_kind;
@@ -115,7 +110,7 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
   cb->sleeping.store(0);
   cb->n_waits.store(0);
   cb->entered_seq.store(0);
-  for (auto& d : cb->descs) d.seq.store(0);
+  for (auto& d : cb->descs.slots) d.seq.store(0);
   cb->abort_state.store(0);
   for (int p = 0; p < world; ++p) {
     auto* ch = new (reinterpret_cast<uint8_t*>(base) + control + p * channel_stride_) Channel();
@@ -324,21 +319,12 @@ void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
 void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
   throw_if_aborted();
   ControlBlock* cb = control(rank_);
-  DescSlot& ds = cb->descs[seq % kDescRing];
-  ds.seq.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  ds.desc = desc;
-  ds.seq.store(seq, std::memory_order_release);
+  cb->descs.publish(seq, desc);
   cb->entered_seq.store(seq, std::memory_order_release);
 }
 
 bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {
-  if (!segments_[peer]) return false;
-  DescSlot& ds = control(peer)->descs[seq % kDescRing];
-  if (ds.seq.load(std::memory_order_acquire) != seq) return false;
-  *out = ds.desc;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return ds.seq.load(std::memory_order_relaxed) == seq;
+  return segments_[peer] && control(peer)->descs.find(seq, out);
 }
 
 void ShmTransport::throw_if_aborted() {
@@ -358,9 +344,7 @@ void ShmTransport::abort(const Error& error) {
   if (!cb->abort_state.compare_exchange_strong(expected, 1)) return;  // this rank already aborted
   cb->abort_kind = static_cast<int32_t>(error.kind());
   cb->abort_peer = error.peer();
-  std::string msg = error.what();
-  std::string prefix = "(reported by rank " + std::to_string(rank_) + ") ";
-  if (msg.rfind("(reported by rank", 0) != 0) msg = prefix + msg;
+  const std::string msg = reported_by(rank_, error.what());
   std::strncpy(cb->abort_msg, msg.c_str(), kAbortMsgBytes - 1);
   cb->abort_msg[kAbortMsgBytes - 1] = '\0';
   cb->abort_state.store(2, std::memory_order_release);
@@ -402,12 +386,8 @@ void ShmTransport::check_peers_alive() {
 void ShmTransport::check_health(const WaitContext& ctx) {
   throw_if_aborted();
   check_peers_alive();
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    Descriptor theirs;
-    if (published_descriptor(r, ctx.seq, &theirs) && theirs.hash() != ctx.desc->hash())
-      throw descriptor_mismatch(rank_, r, ctx.seq, *ctx.desc, theirs);
-  }
+  check_descriptors(rank_, world_, ctx,
+                    [this](int peer, uint64_t seq, Descriptor* out) { return published_descriptor(peer, seq, out); });
 }
 
 std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
@@ -419,11 +399,8 @@ std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
 
 void ShmTransport::raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
                                          uint64_t expected_msg_bytes) {
-  Descriptor at_got, at_seq;
-  const bool has_got = published_descriptor(peer, got.seq, &at_got);
-  const bool has_seq = published_descriptor(peer, seq, &at_seq);
-  throw_header_mismatch(rank_, peer, got, seq, desc, expected_msg_bytes, has_got ? &at_got : nullptr,
-                        has_seq ? &at_seq : nullptr);
+  throw_header_mismatch_from(rank_, peer, got, seq, desc, expected_msg_bytes,
+                             [this](int p, uint64_t s, Descriptor* out) { return published_descriptor(p, s, out); });
 }
 
 }  // namespace pycoll

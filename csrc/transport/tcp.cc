@@ -181,17 +181,14 @@ void TcpTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
 }
 
 bool TcpTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {
-  const Peer& p = peers_[peer];
-  if (p.desc_seq[seq % kDescRing] != seq) return false;
-  *out = p.descs[seq % kDescRing];
-  return true;
+  return peers_[peer].descs.find(seq, out);
 }
 
 void TcpTransport::check_health(const WaitContext& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_aborted();
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+  auto published = [this](int peer, uint64_t seq, Descriptor* out) { return published_descriptor(peer, seq, out); };
+  check_descriptors(rank_, world_, ctx, published, [&](int r) {
     const Peer& p = peers_[r];
     // A peer that said BYE finished the collectives it needed this rank for; it is an error only to
     // wait for it, and only once what it sent before its BYE has been consumed (the executor may not
@@ -207,10 +204,7 @@ void TcpTransport::check_health(const WaitContext& ctx) {
                       p.lost_why +
                       "): its process died or the network failed; the communicator cannot be used any more",
                   r);
-    Descriptor theirs;
-    if (published_descriptor(r, ctx.seq, &theirs) && theirs.hash() != ctx.desc->hash())
-      throw descriptor_mismatch(rank_, r, ctx.seq, *ctx.desc, theirs);
-  }
+  });
 }
 
 void TcpTransport::abort(const Error& error) {
@@ -218,8 +212,7 @@ void TcpTransport::abort(const Error& error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return;  // the first abort wins
     aborted_ = true;
-    std::string msg = error.what();
-    if (msg.rfind("(reported by rank", 0) != 0) msg = "(reported by rank " + std::to_string(rank_) + ") " + msg;
+    const std::string msg = reported_by(rank_, error.what());
     abort_error_ = std::make_unique<Error>(error.kind(), msg, error.peer());
     std::vector<uint8_t> payload(sizeof(AbortHead) + msg.size());
     AbortHead head{static_cast<int32_t>(error.kind()), error.peer()};
@@ -248,15 +241,11 @@ std::vector<int> TcpTransport::ranks_not_entered(uint64_t seq) {
 
 void TcpTransport::raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
                                          uint64_t expected_msg_bytes) {
-  Descriptor at_got, at_seq;
-  bool has_got, has_seq;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    has_got = published_descriptor(peer, got.seq, &at_got);
-    has_seq = published_descriptor(peer, seq, &at_seq);
-  }
-  throw_header_mismatch(rank_, peer, got, seq, desc, expected_msg_bytes, has_got ? &at_got : nullptr,
-                        has_seq ? &at_seq : nullptr);
+  throw_header_mismatch_from(rank_, peer, got, seq, desc, expected_msg_bytes,
+                             [this](int p, uint64_t s, Descriptor* out) {
+                               std::lock_guard<std::mutex> lock(mu_);
+                               return published_descriptor(p, s, out);
+                             });
 }
 
 }  // namespace pycoll

@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/control.h"
 #include "transport/fd.h"
 #include "transport/transport.h"
 
@@ -79,7 +80,6 @@ class TcpTransport final : public Transport {
                                           uint64_t expected_msg_bytes) override;
 
  private:
-  static constexpr int kDescRing = 16;
   struct Frame;  // wire header (tcp.cc)
   struct Outgoing {
     int64_t slot;                // a send slot, or -1 for a control frame
@@ -99,12 +99,11 @@ class TcpTransport final : public Transport {
     // receive side: slots [released, arrived) hold whole fragments; one more may be filling
     std::vector<uint8_t> recv_ring;
     uint64_t arrived = 0, released = 0;
-    size_t in_offset = 0;               // bytes of the frame being read
-    std::vector<uint8_t> in_header;     // the frame header being read
-    std::vector<uint8_t> in_control;    // a control frame's payload
-    uint64_t entered = 0;               // highest collective the peer said it entered
-    uint64_t desc_seq[kDescRing] = {};  // descriptors the peer announced, by seq % kDescRing
-    Descriptor descs[kDescRing];
+    size_t in_offset = 0;             // bytes of the frame being read
+    std::vector<uint8_t> in_header;   // the frame header being read
+    std::vector<uint8_t> in_control;  // a control frame's payload
+    uint64_t entered = 0;             // highest collective the peer said it entered
+    DescriptorRing descs;             // the descriptors it announced
   };
 
   void listen(const std::string& bind_host);  // opens listen_fd_ (tcp_listener.cc)

@@ -135,9 +135,10 @@ bool TcpTransport::pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock) {
 void TcpTransport::on_control(int r, Peer& p, uint32_t type) {
   if (type == kEnter && p.in_control.size() == sizeof(uint64_t) + sizeof(Descriptor)) {
     uint64_t seq;
+    Descriptor desc;
     std::memcpy(&seq, p.in_control.data(), sizeof seq);
-    std::memcpy(&p.descs[seq % kDescRing], p.in_control.data() + sizeof seq, sizeof(Descriptor));
-    p.desc_seq[seq % kDescRing] = seq;
+    std::memcpy(&desc, p.in_control.data() + sizeof seq, sizeof desc);
+    p.descs.publish(seq, desc);
     p.entered = std::max(p.entered, seq);
   } else if (type == kBye) {
     p.finalized = true;
