@@ -124,6 +124,7 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
   send_tail_seen_.assign(world, 0);
   recv_tail_.assign(world, 0);
   recv_head_seen_.assign(world, 0);
+  bell_ = Doorbell{&cb->wake_word, &cb->sleeping};
 }
 
 ShmTransport::~ShmTransport() {
@@ -277,11 +278,10 @@ void ShmTransport::wake_partial_waiters() {
   }
 }
 
-void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
+bool ShmTransport::arm(const WaitItem* items, size_t n, bool any) {
   ControlBlock* cb = control(rank_);
-  const uint32_t word = cb->wake_word.load(std::memory_order_acquire);
   const uint64_t slots = config_.slots;
-  if (n == 0 || n > kMaxWaitEntries) {
+  if (any || n > kMaxWaitEntries) {
     cb->n_waits.store(kWakeOnAnything, std::memory_order_release);
   } else {
     for (size_t i = 0; i < n; ++i) {
@@ -292,7 +292,7 @@ void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
       cb->waits[i].room.store(it.room ? 1 : 0, std::memory_order_relaxed);
       cb->waits[i].target.store(target, std::memory_order_relaxed);
     }
-    cb->n_waits.store(static_cast<uint32_t>(n), std::memory_order_release);
+    cb->n_waits.store(static_cast<uint32_t>(n), std::memory_order_release);  // 0: nothing here wakes it
   }
   cb->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -304,16 +304,31 @@ void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
     go = satisfied(items[i], &available) ||
          (available > 0 && control(items[i].peer)->sleeping.load(std::memory_order_relaxed) != 0);
   }
-  if (!go) {
-    wake_partial_waiters();
+  return go;
+}
+
+void ShmTransport::disarm() {
+  control(rank_)->sleeping.store(0, std::memory_order_relaxed);
+}
+
+void ShmTransport::ring_also(const Doorbell* bell) {
+  if (bell && bell != &bell_)
+    throw Error(ErrorKind::kInternal, "the shared-memory transport can ring only its own doorbell");
+}
+
+void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
+  ControlBlock* cb = control(rank_);
+  const uint32_t word = cb->wake_word.load(std::memory_order_acquire);
+  if (!arm(items, n, n == 0)) {
+    before_sleep();
     try {
       futex_wait(&cb->wake_word, word, timeout_ns);
     } catch (...) {
-      cb->sleeping.store(0, std::memory_order_relaxed);
+      disarm();
       throw;
     }
   }
-  cb->sleeping.store(0, std::memory_order_relaxed);
+  disarm();
 }
 
 void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {

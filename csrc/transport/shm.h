@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/doorbell.h"
 #include "transport/fd.h"
 #include "transport/transport.h"
 
@@ -32,7 +33,7 @@ struct ShmConfig {
   uint32_t slots = 8;
 };
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public MemberTransport {
  public:
   ShmTransport(int rank, int world, const ShmConfig& config);
   ~ShmTransport() override;
@@ -58,6 +59,13 @@ class ShmTransport final : public Transport {
   void release_recv(int peer) override;
 
   void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
+
+  // As a member of a CompositeTransport: the doorbell is this rank's wake word, which its peers ring.
+  const Doorbell* own_doorbell() override { return &bell_; }
+  void ring_also(const Doorbell* bell) override;
+  bool arm(const WaitItem* items, size_t n, bool any) override;
+  void before_sleep() override { wake_partial_waiters(); }
+  void disarm() override;
 
   void begin_collective(uint64_t seq, const Descriptor& desc) override;
   void check_health(const WaitContext& ctx) override;
@@ -96,6 +104,7 @@ class ShmTransport final : public Transport {
   std::vector<int> pids_;
   // Local copies of the ring counters, so the shared ones are read only when a ring looks full / empty.
   std::vector<uint64_t> send_head_, send_tail_seen_, recv_tail_, recv_head_seen_;
+  Doorbell bell_;  // this rank's wake word and sleeping flag (in its control block)
 };
 
 }  // namespace pycoll

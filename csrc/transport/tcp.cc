@@ -136,18 +136,33 @@ void TcpTransport::release_recv(int peer) {
   if (was_full) wake_io();  // the I/O thread stopped reading this peer
 }
 
+bool TcpTransport::ready(const WaitItem* items, size_t n) const {
+  if (aborted_ || stop_) return true;
+  for (size_t i = 0; i < n; ++i) {
+    const Peer& p = peers_[items[i].peer];
+    if (p.lost) return true;
+    if (items[i].room ? p.committed - p.sent < config_.slots : p.arrived > p.released) return true;
+  }
+  return false;
+}
+
 void TcpTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto ready = [&] {
-    if (aborted_ || stop_) return true;
-    for (size_t i = 0; i < n; ++i) {
-      const Peer& p = peers_[items[i].peer];
-      if (p.lost) return true;
-      if (items[i].room ? p.committed - p.sent < config_.slots : p.arrived > p.released) return true;
-    }
-    return false;
-  };
-  cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, timeout_ns)), ready);
+  cv_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(0, timeout_ns)), [&] { return ready(items, n); });
+}
+
+bool TcpTransport::arm(const WaitItem* items, size_t n, bool any) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ready(items, n)) return true;
+  armed_ = true;
+  armed_any_ = any;
+  armed_items_.assign(items, items + n);
+  return false;
+}
+
+void TcpTransport::disarm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = false;
 }
 
 // ---- control plane ----------------------------------------------------------------------------------------
@@ -228,7 +243,7 @@ void TcpTransport::abort(const Error& error) {
     }
   }
   wake_io();
-  cv_.notify_all();
+  wake_waiters(true);
 }
 
 std::vector<int> TcpTransport::ranks_not_entered(uint64_t seq) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "transport/control.h"
+#include "transport/doorbell.h"
 #include "transport/fd.h"
 #include "transport/transport.h"
 
@@ -45,7 +46,7 @@ struct TcpConfig {
   uint32_t slots = 8;
 };
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public MemberTransport {
  public:
   // Listens on `bind_host` (an IPv4 address; "0.0.0.0" for every interface) on a port the kernel picks.
   TcpTransport(int rank, int world, const TcpConfig& config, const std::string& bind_host);
@@ -71,6 +72,11 @@ class TcpTransport final : public Transport {
   const void* peek_recv(int peer, FragHeader* h) override;
   void release_recv(int peer) override;
   void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
+
+  // As a member of a CompositeTransport: the I/O thread rings the composite's doorbell as well.
+  void ring_also(const Doorbell* bell) override { bell_.store(bell, std::memory_order_release); }
+  bool arm(const WaitItem* items, size_t n, bool any) override;
+  void disarm() override;
 
   void begin_collective(uint64_t seq, const Descriptor& desc) override;
   void check_health(const WaitContext& ctx) override;
@@ -123,6 +129,9 @@ class TcpTransport final : public Transport {
   // communicator aborted with that error, so that waiters raise it at once instead of timing out.
   void fail_io(const std::string& why);
   void wake_io();
+  // Wakes the waiters: those of wait() (cv_), and with `ring` a composite's sleeper (its doorbell).
+  void wake_waiters(bool ring);
+  bool ready(const WaitItem* items, size_t n) const;                   // mu_ held: one of `items` may go on
   void throw_if_aborted();                                             // mu_ held
   bool published_descriptor(int peer, uint64_t seq, Descriptor* out);  // mu_ held
 
@@ -141,6 +150,11 @@ class TcpTransport final : public Transport {
   bool aborted_ = false;  // an abort was raised here or received: every rank raises abort_error_
   std::unique_ptr<Error> abort_error_;
   std::atomic<uint64_t> rejected_{0};
+  // A composite's doorbell, and while its rank sleeps what it waits for here (mu_): the I/O thread rings
+  // the doorbell only when that is there, or when the transport fails.
+  std::atomic<const Doorbell*> bell_{nullptr};
+  bool armed_ = false, armed_any_ = false;
+  std::vector<WaitItem> armed_items_;
 };
 
 }  // namespace pycoll

@@ -19,6 +19,12 @@ void TcpTransport::wake_io() {
   (void)rc;  // EAGAIN: a wake-up is already pending
 }
 
+void TcpTransport::wake_waiters(bool ring) {
+  cv_.notify_all();
+  if (!ring) return;
+  if (const Doorbell* bell = bell_.load(std::memory_order_acquire)) bell->ring();
+}
+
 void TcpTransport::mark_lost(Peer& p, const std::string& why) {
   if (p.lost) return;
   p.lost = true;
@@ -173,7 +179,7 @@ void TcpTransport::fail_io(const std::string& why) {
               "): it lost every peer it reaches over TCP; the communicator cannot be used any more");
     }
   }
-  cv_.notify_all();
+  wake_waiters(true);
 }
 
 void TcpTransport::io_loop() {
@@ -205,7 +211,7 @@ void TcpTransport::io_loop() {
       ssize_t k = ::read(wake_fd_.get(), &drained, sizeof drained);
       (void)k;
     }
-    bool progressed = false;
+    bool progressed = false, ring = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       for (size_t i = 1; i < fds.size(); ++i) {
@@ -218,8 +224,10 @@ void TcpTransport::io_loop() {
         // Frames committed while poll() slept go out now rather than after another round trip.
         if (!p.out.empty() && !(fds[i].revents & POLLOUT)) progressed |= pump_out(p, lock);
       }
+      // A composite's sleeper is woken for what it waits for here, not for every frame.
+      ring = progressed && armed_ && (armed_any_ || ready(armed_items_.data(), armed_items_.size()));
     }
-    if (progressed) cv_.notify_all();
+    if (progressed) wake_waiters(ring);
   }
 }
 
