@@ -75,24 +75,24 @@ void CompositeTransport::wait(const WaitItem* items, size_t n, int64_t timeout_n
     own_sleeping_.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  size_t armed = 0;
-  bool ready = false;
-  while (!ready && armed < arm_order_.size()) {
-    const size_t k = arm_order_[armed++];
-    ready = members_[k]->arm(items_[k].data(), items_[k].size(), any);
-  }
+  size_t armed = 0;  // members armed (or being armed: disarming one that is not is harmless)
   auto disarm = [&] {
     for (size_t i = 0; i < armed; ++i) members_[arm_order_[i]]->disarm();
     own_sleeping_.store(0, std::memory_order_relaxed);
   };
-  if (!ready) {
-    for (auto& m : members_) m->before_sleep();
-    try {
-      futex_wait(bell_->word, word, timeout_ns);
-    } catch (...) {
-      disarm();
-      throw;
+  try {
+    bool ready = false;
+    while (!ready && armed < arm_order_.size()) {
+      const size_t k = arm_order_[armed++];
+      ready = members_[k]->arm(items_[k].data(), items_[k].size(), any);
     }
+    if (!ready) {
+      for (auto& m : members_) m->before_sleep();
+      futex_wait(bell_->word, word, timeout_ns);
+    }
+  } catch (...) {
+    disarm();
+    throw;
   }
   disarm();
 }
