@@ -27,8 +27,12 @@ inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t t
     throw_system_error("futex(FUTEX_WAIT)", __FILE__, __LINE__);
 }
 
+inline long futex_wake_all_nothrow(std::atomic<uint32_t>* word) noexcept {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 inline void futex_wake_all(std::atomic<uint32_t>* word) {
-  PYCOLL_CHECK_SYS(syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0));
+  PYCOLL_CHECK_SYS(futex_wake_all_nothrow(word));
 }
 
 }  // namespace pycoll

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "transport/control.h"
 #include "transport/futex.h"
 
 namespace pycoll {
@@ -20,8 +21,7 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x7079636f6c6c3031ull;  // "pycoll01"
-constexpr uint32_t kVersion = 1;
-constexpr int kDescRing = 8;  // descriptors of the last 8 collectives a rank entered
+constexpr uint32_t kVersion = 2;                    // 2: the descriptor ring of control.h
 constexpr size_t kFragHeaderBytes = 64;
 constexpr size_t kAbortMsgBytes = 2048;
 
@@ -44,11 +44,6 @@ struct WaitEntry {
   std::atomic<uint64_t> target;  // the peer's counter value that satisfies it (head for data, tail for room)
 };
 
-struct alignas(64) DescSlot {
-  std::atomic<uint64_t> seq;  // 0 while being written
-  Descriptor desc;
-};
-
 struct ShmTransport::ControlBlock {
   // Written once at creation.
   uint64_t magic;
@@ -65,7 +60,7 @@ struct ShmTransport::ControlBlock {
   WaitEntry waits[kMaxWaitEntries];
   // The last collective this rank entered (0: none yet).
   alignas(64) std::atomic<uint64_t> entered_seq;
-  DescSlot descs[kDescRing];
+  DescriptorRing descs;
   // Abort record: 0 none, 1 being written, 2 readable.
   alignas(64) std::atomic<uint32_t> abort_state;
   int32_t abort_kind;
@@ -94,21 +89,12 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
 
   char name[64];
   std::snprintf(name, sizeof name, "pycoll-rank%d", rank);
-  fd_ = static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC));
-  PYCOLL_CHECK_SYS(fd_);
-  if (ftruncate(fd_, static_cast<off_t>(size_)) < 0) {
-    int err = errno;
-    ::close(fd_);
-    errno = err;
+  fd_.reset(static_cast<int>(syscall(SYS_memfd_create, name, MFD_CLOEXEC)));
+  PYCOLL_CHECK_SYS(fd_.get());
+  if (ftruncate(fd_.get(), static_cast<off_t>(size_)) < 0)
     throw_system_error("ftruncate(shared-memory segment)", __FILE__, __LINE__);
-  }
-  void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (base == MAP_FAILED) {
-    int err = errno;
-    ::close(fd_);
-    errno = err;
-    throw_system_error("mmap(shared-memory segment)", __FILE__, __LINE__);
-  }
+  void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+  if (base == MAP_FAILED) throw_system_error("mmap(shared-memory segment)", __FILE__, __LINE__);
   segments_.assign(world, nullptr);
   segments_[rank] = static_cast<uint8_t*>(base);
 
@@ -124,35 +110,32 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
   cb->sleeping.store(0);
   cb->n_waits.store(0);
   cb->entered_seq.store(0);
-  for (auto& d : cb->descs) d.seq.store(0);
+  for (auto& d : cb->descs.slots) d.seq.store(0);
   cb->abort_state.store(0);
   for (int p = 0; p < world; ++p) {
     auto* ch = new (reinterpret_cast<uint8_t*>(base) + control + p * channel_stride_) Channel();
     ch->head.store(0);
     ch->tail.store(0);
   }
-  pidfds_.assign(world, -1);
+  pidfds_.resize(world);
   pids_.assign(world, 0);
   pids_[rank] = getpid();
   send_head_.assign(world, 0);
   send_tail_seen_.assign(world, 0);
   recv_tail_.assign(world, 0);
   recv_head_seen_.assign(world, 0);
+  bell_ = Doorbell{&cb->wake_word, &cb->sleeping};
 }
 
 ShmTransport::~ShmTransport() {
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < world_; ++r)
     if (segments_[r]) munmap(segments_[r], size_);
-    if (pidfds_[r] >= 0) ::close(pidfds_[r]);
-  }
-  if (fd_ >= 0) ::close(fd_);
 }
 
 void ShmTransport::close_segment_fd() {
-  if (fd_ >= 0) {
-    PYCOLL_CHECK_SYS(::close(fd_));
-    fd_ = -1;
-  }
+  if (!fd_) return;
+  const int fd = fd_.release();
+  PYCOLL_CHECK_SYS(::close(fd));
 }
 
 void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>& fds) {
@@ -163,8 +146,8 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
     pids_[r] = pids[r];
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pids[r], fds[r]);
-    int fd = ::open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
+    if (!fd) {
       int err = errno;
       throw Error(ErrorKind::kPeerLost,
                   "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path +
@@ -174,20 +157,14 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
                   r);
     }
     struct stat st;
-    if (fstat(fd, &st) < 0 || static_cast<size_t>(st.st_size) != size_) {
-      ::close(fd);
+    if (fstat(fd.get(), &st) < 0 || static_cast<size_t>(st.st_size) != size_)
       throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
                                             "'s shared-memory segment has another size: the ranks were "
                                             "configured differently (PYCOLL_SHM_SLOT_BYTES / PYCOLL_SHM_SLOTS "
                                             "or world size)");
-    }
-    void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int err = errno;
-    ::close(fd);
-    if (base == MAP_FAILED) {
-      errno = err;
-      throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
-    }
+    void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (base == MAP_FAILED) throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
+    fd.reset();  // the mapping holds the segment
     segments_[r] = static_cast<uint8_t*>(base);
     const ControlBlock* cb = control(r);
     if (cb->magic != kMagic || cb->version != kVersion || cb->rank != r || cb->world != world_ ||
@@ -195,8 +172,7 @@ void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>&
       throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
                                             "'s shared-memory segment does not match this rank's "
                                             "(different pycoll version, world size or slot configuration)");
-    int64_t pfd = pidfd_open(pids[r]);
-    pidfds_[r] = pfd >= 0 ? static_cast<int>(pfd) : -1;  // ENOSYS/EPERM: fall back to /proc
+    pidfds_[r].reset(static_cast<int>(pidfd_open(pids[r])));  // -1 (ENOSYS/EPERM): fall back to /proc
   }
 }
 
@@ -302,11 +278,10 @@ void ShmTransport::wake_partial_waiters() {
   }
 }
 
-void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
+bool ShmTransport::arm(const WaitItem* items, size_t n, bool any) {
   ControlBlock* cb = control(rank_);
-  const uint32_t word = cb->wake_word.load(std::memory_order_acquire);
   const uint64_t slots = config_.slots;
-  if (n == 0 || n > kMaxWaitEntries) {
+  if (any || n > kMaxWaitEntries) {
     cb->n_waits.store(kWakeOnAnything, std::memory_order_release);
   } else {
     for (size_t i = 0; i < n; ++i) {
@@ -317,7 +292,7 @@ void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
       cb->waits[i].room.store(it.room ? 1 : 0, std::memory_order_relaxed);
       cb->waits[i].target.store(target, std::memory_order_relaxed);
     }
-    cb->n_waits.store(static_cast<uint32_t>(n), std::memory_order_release);
+    cb->n_waits.store(static_cast<uint32_t>(n), std::memory_order_release);  // 0: nothing here wakes it
   }
   cb->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -329,36 +304,42 @@ void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
     go = satisfied(items[i], &available) ||
          (available > 0 && control(items[i].peer)->sleeping.load(std::memory_order_relaxed) != 0);
   }
-  if (!go) {
-    wake_partial_waiters();
+  return go;
+}
+
+void ShmTransport::disarm() {
+  control(rank_)->sleeping.store(0, std::memory_order_relaxed);
+}
+
+void ShmTransport::ring_also(const Doorbell* bell) {
+  if (bell && bell != &bell_)
+    throw Error(ErrorKind::kInternal, "the shared-memory transport can ring only its own doorbell");
+}
+
+void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
+  ControlBlock* cb = control(rank_);
+  const uint32_t word = cb->wake_word.load(std::memory_order_acquire);
+  if (!arm(items, n, n == 0)) {
+    before_sleep();
     try {
       futex_wait(&cb->wake_word, word, timeout_ns);
     } catch (...) {
-      cb->sleeping.store(0, std::memory_order_relaxed);
+      disarm();
       throw;
     }
   }
-  cb->sleeping.store(0, std::memory_order_relaxed);
+  disarm();
 }
 
 void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
   throw_if_aborted();
   ControlBlock* cb = control(rank_);
-  DescSlot& ds = cb->descs[seq % kDescRing];
-  ds.seq.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  ds.desc = desc;
-  ds.seq.store(seq, std::memory_order_release);
+  cb->descs.publish(seq, desc);
   cb->entered_seq.store(seq, std::memory_order_release);
 }
 
 bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {
-  if (!segments_[peer]) return false;
-  DescSlot& ds = control(peer)->descs[seq % kDescRing];
-  if (ds.seq.load(std::memory_order_acquire) != seq) return false;
-  *out = ds.desc;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return ds.seq.load(std::memory_order_relaxed) == seq;
+  return segments_[peer] && control(peer)->descs.find(seq, out);
 }
 
 void ShmTransport::throw_if_aborted() {
@@ -378,9 +359,7 @@ void ShmTransport::abort(const Error& error) {
   if (!cb->abort_state.compare_exchange_strong(expected, 1)) return;  // this rank already aborted
   cb->abort_kind = static_cast<int32_t>(error.kind());
   cb->abort_peer = error.peer();
-  std::string msg = error.what();
-  std::string prefix = "(reported by rank " + std::to_string(rank_) + ") ";
-  if (msg.rfind("(reported by rank", 0) != 0) msg = prefix + msg;
+  const std::string msg = reported_by(rank_, error.what());
   std::strncpy(cb->abort_msg, msg.c_str(), kAbortMsgBytes - 1);
   cb->abort_msg[kAbortMsgBytes - 1] = '\0';
   cb->abort_state.store(2, std::memory_order_release);
@@ -392,8 +371,8 @@ void ShmTransport::check_peers_alive() {
   for (int r = 0; r < world_; ++r) {
     if (r == rank_ || pids_[r] == 0) continue;
     bool dead = false;
-    if (pidfds_[r] >= 0) {
-      struct pollfd p = {pidfds_[r], POLLIN, 0};
+    if (pidfds_[r]) {
+      struct pollfd p = {pidfds_[r].get(), POLLIN, 0};
       int rc = ::poll(&p, 1, 0);
       PYCOLL_CHECK_SYS(rc);
       dead = rc > 0;  // a pidfd becomes readable when its process exits
@@ -422,12 +401,8 @@ void ShmTransport::check_peers_alive() {
 void ShmTransport::check_health(const WaitContext& ctx) {
   throw_if_aborted();
   check_peers_alive();
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    Descriptor theirs;
-    if (published_descriptor(r, ctx.seq, &theirs) && theirs.hash() != ctx.desc->hash())
-      throw descriptor_mismatch(rank_, r, ctx.seq, *ctx.desc, theirs);
-  }
+  check_descriptors(rank_, world_, ctx,
+                    [this](int peer, uint64_t seq, Descriptor* out) { return published_descriptor(peer, seq, out); });
 }
 
 std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
@@ -439,11 +414,8 @@ std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
 
 void ShmTransport::raise_header_mismatch(int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
                                          uint64_t expected_msg_bytes) {
-  Descriptor at_got, at_seq;
-  const bool has_got = published_descriptor(peer, got.seq, &at_got);
-  const bool has_seq = published_descriptor(peer, seq, &at_seq);
-  throw_header_mismatch(rank_, peer, got, seq, desc, expected_msg_bytes, has_got ? &at_got : nullptr,
-                        has_seq ? &at_seq : nullptr);
+  throw_header_mismatch_from(rank_, peer, got, seq, desc, expected_msg_bytes,
+                             [this](int p, uint64_t s, Descriptor* out) { return published_descriptor(p, s, out); });
 }
 
 }  // namespace pycoll

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "transport/doorbell.h"
+#include "transport/fd.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -31,7 +33,7 @@ struct ShmConfig {
   uint32_t slots = 8;
 };
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public MemberTransport {
  public:
   ShmTransport(int rank, int world, const ShmConfig& config);
   ~ShmTransport() override;
@@ -39,7 +41,7 @@ class ShmTransport final : public Transport {
   ShmTransport& operator=(const ShmTransport&) = delete;
 
   // This rank's segment, for the others to map: the owner's pid, its fd, the size.
-  int segment_fd() const { return fd_; }
+  int segment_fd() const { return fd_.get(); }
   size_t segment_size() const { return size_; }
   // Map every peer's segment (pids[r], fds[r] as they published them; entries for this rank ignored).
   void connect(const std::vector<int>& pids, const std::vector<int>& fds);
@@ -57,6 +59,13 @@ class ShmTransport final : public Transport {
   void release_recv(int peer) override;
 
   void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
+
+  // As a member of a CompositeTransport: the doorbell is this rank's wake word, which its peers ring.
+  const Doorbell* own_doorbell() override { return &bell_; }
+  void ring_also(const Doorbell* bell) override;
+  bool arm(const WaitItem* items, size_t n, bool any) override;
+  void before_sleep() override { wake_partial_waiters(); }
+  void disarm() override;
 
   void begin_collective(uint64_t seq, const Descriptor& desc) override;
   void check_health(const WaitContext& ctx) override;
@@ -87,14 +96,15 @@ class ShmTransport final : public Transport {
   int rank_;
   int world_;
   ShmConfig config_;
-  int fd_ = -1;
+  UniqueFd fd_;
   size_t size_ = 0;
   size_t channel_stride_ = 0;
   std::vector<uint8_t*> segments_;  // segments_[r]: rank r's segment mapped here
-  std::vector<int> pidfds_;         // -1 where pidfd_open is unavailable (then /proc is read)
+  std::vector<UniqueFd> pidfds_;    // none where pidfd_open is unavailable (then /proc is read)
   std::vector<int> pids_;
   // Local copies of the ring counters, so the shared ones are read only when a ring looks full / empty.
   std::vector<uint64_t> send_head_, send_tail_seen_, recv_tail_, recv_head_seen_;
+  Doorbell bell_;  // this rank's wake word and sleeping flag (in its control block)
 };
 
 }  // namespace pycoll

@@ -10,13 +10,15 @@
 // descriptor a rank entered, for mismatch and timeout messages), ABORT (the error a rank failed with, so
 // that every rank raises it) and BYE (an orderly end: the peer finalized). A connection that closes or
 // fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
-// (within milliseconds).
+// (within milliseconds). If the I/O thread itself fails (poll() returns an error), every peer is lost at
+// once and the connections are shut down, so that waiters here and on the peers raise PeerLostError
+// instead of timing out.
 //
 // Connections are made once (connect()): each rank dials the ranks below it and accepts the ranks above
 // it on its listening socket. Both ends prove they hold the job's key (from the rendezvous store, mixed
 // with PYCOLL_SECRET when that is set) without sending it: the dialer sends its rank and a random nonce,
 // the listener answers with its own nonce and an HMAC-SHA256 of both under the key, and the dialer
-// answers with its own HMAC (hmac.h; tcp.cc has the exact messages). A connection that fails (wrong
+// answers with its own HMAC (hmac.h; tcp_internal.h has the exact messages). A connection that fails (wrong
 // bytes, wrong proof, silence for 5 s) is closed and counted, and the rank keeps accepting; handshakes
 // run side by side, so stalled connections cannot hold the job back.
 #pragma once
@@ -32,6 +34,9 @@
 #include <thread>
 #include <vector>
 
+#include "transport/control.h"
+#include "transport/doorbell.h"
+#include "transport/fd.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -41,7 +46,7 @@ struct TcpConfig {
   uint32_t slots = 8;
 };
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public MemberTransport {
  public:
   // Listens on `bind_host` (an IPv4 address; "0.0.0.0" for every interface) on a port the kernel picks.
   TcpTransport(int rank, int world, const TcpConfig& config, const std::string& bind_host);
@@ -68,6 +73,11 @@ class TcpTransport final : public Transport {
   void release_recv(int peer) override;
   void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
 
+  // As a member of a CompositeTransport: the I/O thread rings the composite's doorbell as well.
+  void ring_also(const Doorbell* bell) override { bell_.store(bell, std::memory_order_release); }
+  bool arm(const WaitItem* items, size_t n, bool any) override;
+  void disarm() override;
+
   void begin_collective(uint64_t seq, const Descriptor& desc) override;
   void check_health(const WaitContext& ctx) override;
   void abort(const Error& error) override;
@@ -76,14 +86,13 @@ class TcpTransport final : public Transport {
                                           uint64_t expected_msg_bytes) override;
 
  private:
-  static constexpr int kDescRing = 16;
   struct Frame;  // wire header (tcp.cc)
   struct Outgoing {
     int64_t slot;                // a send slot, or -1 for a control frame
     std::vector<uint8_t> bytes;  // the control frame
   };
   struct Peer {
-    int fd = -1;
+    UniqueFd fd;
     bool lost = false;
     bool finalized = false;  // the peer said BYE: its connection closing next is no failure
     std::string lost_why;
@@ -96,14 +105,14 @@ class TcpTransport final : public Transport {
     // receive side: slots [released, arrived) hold whole fragments; one more may be filling
     std::vector<uint8_t> recv_ring;
     uint64_t arrived = 0, released = 0;
-    size_t in_offset = 0;               // bytes of the frame being read
-    std::vector<uint8_t> in_header;     // the frame header being read
-    std::vector<uint8_t> in_control;    // a control frame's payload
-    uint64_t entered = 0;               // highest collective the peer said it entered
-    uint64_t desc_seq[kDescRing] = {};  // descriptors the peer announced, by seq % kDescRing
-    Descriptor descs[kDescRing];
+    size_t in_offset = 0;             // bytes of the frame being read
+    std::vector<uint8_t> in_header;   // the frame header being read
+    std::vector<uint8_t> in_control;  // a control frame's payload
+    uint64_t entered = 0;             // highest collective the peer said it entered
+    DescriptorRing descs;             // the descriptors it announced
   };
 
+  void listen(const std::string& bind_host);  // opens listen_fd_ (tcp_listener.cc)
   void accept_ranks_above(const std::vector<std::string>& addresses, const std::string& key,
                           std::chrono::steady_clock::time_point deadline, double timeout_s);
   size_t slot_stride() const;
@@ -116,16 +125,22 @@ class TcpTransport final : public Transport {
   bool pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock);
   void on_control(int r, Peer& p, uint32_t type);   // mu_ held
   void mark_lost(Peer& p, const std::string& why);  // mu_ held
+  // The I/O thread cannot go on (`why`: what failed, with its errno text): every peer is lost and the
+  // communicator aborted with that error, so that waiters raise it at once instead of timing out.
+  void fail_io(const std::string& why);
   void wake_io();
+  // Wakes the waiters: those of wait() (cv_), and with `ring` a composite's sleeper (its doorbell).
+  void wake_waiters(bool ring);
+  bool ready(const WaitItem* items, size_t n) const;                   // mu_ held: one of `items` may go on
   void throw_if_aborted();                                             // mu_ held
   bool published_descriptor(int peer, uint64_t seq, Descriptor* out);  // mu_ held
 
   int rank_;
   int world_;
   TcpConfig config_;
-  int listen_fd_ = -1;
+  UniqueFd listen_fd_;
   int listen_port_ = 0;
-  int wake_fd_ = -1;
+  UniqueFd wake_fd_;
   std::vector<Peer> peers_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -135,6 +150,11 @@ class TcpTransport final : public Transport {
   bool aborted_ = false;  // an abort was raised here or received: every rank raises abort_error_
   std::unique_ptr<Error> abort_error_;
   std::atomic<uint64_t> rejected_{0};
+  // A composite's doorbell, and while its rank sleeps what it waits for here (mu_): the I/O thread rings
+  // the doorbell only when that is there, or when the transport fails.
+  std::atomic<const Doorbell*> bell_{nullptr};
+  bool armed_ = false, armed_any_ = false;
+  std::vector<WaitItem> armed_items_;
 };
 
 }  // namespace pycoll

@@ -10,6 +10,9 @@ rank is reported as lost on every survivor, mismatched calls raise CollectiveMis
 from __future__ import annotations
 
 import hashlib
+import resource
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from test_failures import (
     _assert_broken_afterwards,
     _check_peer_lost,
     _check_timeouts,
+    _error,
     body_kill_before_call,
     body_kill_during_loop,
     body_mismatch,
@@ -226,3 +230,38 @@ def test_mismatch_over_tcp_names_what_differs(kind):
         missing = [s for s in MISMATCHES[kind][2] if s not in res["message"]]
         assert not missing, f"rank {r}: the message does not name {missing}: {res['message']}"
         _assert_broken_afterwards(res, r)
+
+
+def _body_poll_fails_on_rank0(comm, rank, world):
+    """Rank 0's I/O thread sees poll() fail (EINVAL: more descriptors than RLIMIT_NOFILE allows) while
+    rank 0 waits in an all-reduce that the other ranks join only later."""
+    pycoll.barrier(comm=comm, timeout=30)
+    if rank == 0:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+        def starve():
+            time.sleep(0.5)  # rank 0 is waiting in the all-reduce by now
+            resource.setrlimit(resource.RLIMIT_NOFILE, (1, hard))
+            time.sleep(0.5)  # the I/O thread polls at least every 100 ms
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+        threading.Thread(target=starve, daemon=True).start()
+    else:
+        time.sleep(3.0)
+    t0 = time.monotonic()
+    try:
+        pycoll.allreduce(np.ones(1000, np.float32), comm=comm, timeout=60)
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc, t0)
+
+
+@pytest.mark.parametrize("world, env", [(2, TCP), (4, MIXED)], ids=["tcp", "mixed"])
+def test_io_thread_failure_raises_at_once_on_every_rank(world, env):
+    """A failing poll() in the I/O thread aborts the transport: every rank raises PeerLostError within
+    seconds (the waiter on rank 0 names the cause) instead of waiting for its 60 s deadline."""
+    results = run_ranks(world, _body_poll_fails_on_rank0, timeout=90, env=env)
+    for r, res in enumerate(results):
+        assert res["error"] == "PeerLostError", f"rank {r}: {res}"
+        assert res["elapsed"] < 10, f"rank {r} raised only after {res['elapsed']:.1f} s: {res}"
+    assert "poll: Invalid argument" in results[0]["message"], results[0]

@@ -1,10 +1,11 @@
-"""The TCP transport's connection handshake (csrc/transport/tcp.cc, hmac.cc), driven from Python.
+"""The TCP transport's connection handshake (csrc/transport/tcp_listener.cc, tcp_handshake.cc, hmac.cc),
+driven from Python.
 
 Two native communicators of one job (TCP only, loopback) connect while this test throws connections at
 the listener: junk, a silent socket, half a Hello, a Hello with a wrong proof, a Hello for another job.
 The two ranks still connect at once (handshakes run side by side), and every intruder is closed and
 counted. A rank that dials an impostor (a listener without the key) never sends its own proof and
-gives up naming why. The wire format is rebuilt here from tcp.cc's description, so the proofs are
+gives up naming why. The wire format is rebuilt here from tcp_internal.h's description, so the proofs are
 checked against Python's own ``hmac``.
 """
 
@@ -181,3 +182,13 @@ def test_ranks_with_different_keys_do_not_connect():
     assert isinstance(outcome0.get("error"), pycoll.CollectiveTimeoutError)
     assert "rank(s) 1 did not connect" in str(outcome0["error"])
     assert rank0.tcp_rejected >= 1
+
+
+def test_failed_set_up_leaks_no_descriptor():
+    """A transport whose set-up throws after its listening socket exists (here: a bind address that is
+    not one) closes that socket: the descriptors are owned from their creation (csrc/transport/fd.h)."""
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(pycoll.InvalidUsageError, match="not an IPv4 address"):
+            _C.NativeCommunicator(0, 2, 65536, 4, 0, 0, 1 << 30, tcp_bind="not-an-address")
+    assert len(os.listdir("/proc/self/fd")) == before

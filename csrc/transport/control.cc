@@ -1,4 +1,4 @@
-#include "transport/transport.h"
+#include "transport/control.h"
 
 namespace pycoll {
 
@@ -33,6 +33,11 @@ void throw_header_mismatch(int rank, int peer, const FragHeader& got, uint64_t s
                   " bytes where rank " + std::to_string(rank) + " expected " + std::to_string(expected_msg_bytes) +
                   " in collective #" + std::to_string(seq) + " " + mine,
               peer);
+}
+
+std::string reported_by(int rank, const std::string& message) {
+  if (message.rfind("(reported by rank", 0) == 0) return message;
+  return "(reported by rank " + std::to_string(rank) + ") " + message;
 }
 
 }  // namespace pycoll
