@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,64 @@ std::shared_ptr<GroupedProgram> bind_compile_program(const NativePlan& plan, con
   arrays.work_stage = int64_array(work_stage, true);
   arrays.staging_bytes = staging_bytes;
   return compile_program(plan, arrays);
+}
+
+// The fields of CollectiveArgs by name, in order: for its keyword constructor and its attributes.
+template <class F>
+void for_each_collective_field(F&& f) {
+  f("plan", &CollectiveArgs::plan);
+  f("input", &CollectiveArgs::input);
+  f("output", &CollectiveArgs::output);
+  f("dtype", &CollectiveArgs::dtype);
+  f("op", &CollectiveArgs::op);
+  f("collective", &CollectiveArgs::collective);
+  f("algorithm", &CollectiveArgs::algorithm);
+  f("count", &CollectiveArgs::count);
+  f("root", &CollectiveArgs::root);
+  f("codec", &CollectiveArgs::codec);
+  f("codec_id", &CollectiveArgs::codec_id);
+  f("residual", &CollectiveArgs::residual);
+  f("seed", &CollectiveArgs::seed);
+  f("timeout_s", &CollectiveArgs::timeout_s);
+  f("program", &CollectiveArgs::program);
+}
+
+// CollectiveArgs(**fields), made once per collective. The keywords are looked up with interned names:
+// pybind11's own keyword matching builds a string per name per call, several microseconds for 15 fields.
+CollectiveArgs make_collective_args(const py::kwargs& kwargs) {
+  static const std::vector<PyObject*> names = [] {
+    std::vector<PyObject*> v;
+    for_each_collective_field([&](const char* name, auto) { v.push_back(PyUnicode_InternFromString(name)); });
+    return v;
+  }();
+  CollectiveArgs a;
+  size_t i = 0;
+  Py_ssize_t found = 0;
+  for_each_collective_field([&](const char*, auto member) {
+    PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), names[i++]);
+    if (!value) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      return;
+    }
+    ++found;
+    using T = std::remove_reference_t<decltype(a.*member)>;
+    if constexpr (!std::is_arithmetic_v<T>) {  // a shared_ptr: pybind11's cast of None is slow
+      if (value == Py_None) {
+        a.*member = nullptr;
+        return;
+      }
+    }
+    a.*member = py::cast<T>(py::handle(value));
+  });
+  if (found != PyDict_Size(kwargs.ptr())) {
+    for (auto item : kwargs) {
+      const std::string key = py::str(item.first);
+      bool known = false;
+      for_each_collective_field([&](const char* name, auto) { known |= key == name; });
+      if (!known) throw py::type_error("CollectiveArgs() got an unexpected keyword argument '" + key + "'");
+    }
+  }
+  return a;
 }
 
 std::unique_ptr<Communicator> make_communicator(int rank, int world, size_t slot_bytes, uint32_t slots, int64_t spin_ns,
@@ -296,6 +355,12 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP handshake computes it (csrc/transport/hmac.cc)");
 
+  // One collective's arguments (csrc/engine/communicator.h CollectiveArgs), filled in by pycoll/comm.py.
+  // One collective's arguments (csrc/engine/communicator.h CollectiveArgs), filled in by pycoll/comm.py.
+  py::class_<CollectiveArgs> collective_args(m, "CollectiveArgs");
+  collective_args.def(py::init(&make_collective_args), "CollectiveArgs(**fields): keyword arguments only");
+  for_each_collective_field([&](const char* name, auto member) { collective_args.def_readwrite(name, member); });
+
   py::class_<Communicator>(m, "NativeCommunicator")
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("slots"),
            py::arg("spin_ns"), py::arg("yield_ns"), py::arg("stream_min_bytes"), py::arg("tcp_bind") = "",
@@ -319,32 +384,11 @@ PYBIND11_MODULE(_C, m) {
       .def("close_segment_fd", [](Communicator& c) { c.shm().close_segment_fd(); })
       .def(
           "run",
-          [](Communicator& c, std::shared_ptr<NativePlan> plan, uintptr_t input, uintptr_t output, int dtype, int op,
-             int collective, int algorithm, int64_t count, int root, std::shared_ptr<cpu::Codec> codec,
-             int64_t codec_id, uintptr_t residual, uint64_t seed, double timeout_s,
-             std::shared_ptr<GroupedProgram> program) {
-            CollectiveArgs a;
-            a.plan = std::move(plan);
-            a.input = input;
-            a.output = output;
-            a.dtype = dtype;
-            a.op = op;
-            a.collective = collective;
-            a.algorithm = algorithm;
-            a.count = count;
-            a.root = root;
-            a.codec = std::move(codec);
-            a.codec_id = codec_id;
-            a.residual = residual;
-            a.seed = seed;
-            a.timeout_s = timeout_s;
-            a.program = std::move(program);
+          [](Communicator& c, const CollectiveArgs& args) {
             py::gil_scoped_release release;
-            c.run(a);
+            c.run(args);
           },
-          py::arg("plan"), py::arg("input"), py::arg("output"), py::arg("dtype"), py::arg("op"), py::arg("collective"),
-          py::arg("algorithm"), py::arg("count"), py::arg("root"), py::arg("codec"), py::arg("codec_id"),
-          py::arg("residual"), py::arg("seed"), py::arg("timeout_s"), py::arg("program") = nullptr)
+          py::arg("args"))
 #if PYCOLL_WITH_CUDA
       .def(
           "run_device",
