@@ -19,7 +19,7 @@
 #include "transport/transport.h"
 
 #if PYCOLL_WITH_CUDA
-#include "cuda/gpu_backend.h"
+#include "engine/gpu_backend.h"
 #endif
 
 namespace pycoll {

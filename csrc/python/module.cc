@@ -24,7 +24,7 @@
 #include "transport/hmac.h"
 
 #if PYCOLL_WITH_CUDA
-#include "cuda/gpu_backend.h"
+#include "engine/gpu_backend.h"
 #endif
 
 namespace py = pybind11;
