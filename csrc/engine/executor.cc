@@ -1,7 +1,3 @@
-#include "engine/executor.h"
-
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -9,31 +5,11 @@
 #include <vector>
 
 #include "cpu/copy.h"
+#include "engine/executor.h"
+#include "engine/op_semantics.h"
+#include "engine/waiter.h"
 
 namespace pycoll {
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-constexpr int64_t kMinSpinNs = 2000;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-int64_t ns_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
-}  // namespace
 
 void Executor::run(const NativePlan& plan, const RunArgs& args) {
   check_codec_plan(plan, args);  // before anything is sent: every rank makes the same call and raises alike
@@ -56,7 +32,7 @@ void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
     if (plan.uses_encoded) throw Error(ErrorKind::kInternal, "a compressed plan was run without a codec");
     return;
   }
-  if (a.dtype != DType::kFloat32 || a.op == RedOp::kMin || a.op == RedOp::kMax || a.op == RedOp::kProd)
+  if (a.dtype != DType::kFloat32 || !op_compressible(a.op))
     throw Error(ErrorKind::kInternal, "compressed plans run on float32 sums and averages only");
   if (!plan.codec_compatible)
     throw Error(ErrorKind::kInternal, "a compressed plan cannot COPY and sends final values from kEncoded, not OUTPUT");
@@ -67,27 +43,10 @@ void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
                                               std::to_string(t_.fragment_bytes()) + " bytes); use a smaller block");
 }
 
-void Executor::raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds) {
-  std::vector<int> missing = t_.ranks_not_entered(seq_);
-  std::string msg = describe(args.desc) + " (collective #" + std::to_string(seq_) + ") timed out on rank " +
-                    std::to_string(t_.rank()) + " after " + std::to_string(seconds) + " s: ";
-  if (!missing.empty()) {
-    msg += "rank(s) " + join_ranks(missing) + " have not entered it";
-    if (waiting_on_peer >= 0) msg += "; this rank was waiting for rank " + std::to_string(waiting_on_peer);
-  } else if (waiting_on_peer >= 0) {
-    msg += "every rank entered it, but rank " + std::to_string(waiting_on_peer) +
-           " was not heard from (it may be stuck or far slower)";
-  } else {
-    msg += "every rank entered it";
-  }
-  msg += ". Raise the timeout with timeout= or PYCOLL_TIMEOUT if the job is only slow.";
-  throw Error(ErrorKind::kTimeout, msg, waiting_on_peer);
-}
-
 void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   const size_t isz = dtype_size(a.dtype);
   const cpu::ReduceFn reduce = cpu::reduce_fn(a.dtype, a.op);
-  const int avg_divisor = a.op == RedOp::kAvg ? t_.world() : 0;
+  const int world = t_.world();
   const uint64_t hash = a.desc.hash();
   const uint64_t seq = seq_;
   uint8_t* const in = const_cast<uint8_t*>(static_cast<const uint8_t*>(a.input));
@@ -104,7 +63,6 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   const size_t coded_frag_bytes = codec ? t_.fragment_bytes() / block_bytes * block_bytes : 0;
   auto frag_bytes = [&](const PlanOp& op) -> size_t { return coded(op) ? coded_frag_bytes : t_.fragment_bytes(); };
   const uint32_t rounding_key = codec ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0;
-  const float residual_scale = a.op == RedOp::kAvg ? static_cast<float>(t_.world()) : 1.0f;
   auto encoded_offset = [&](uint64_t elem) { return elem / codec->block_elems() * block_bytes; };
   std::vector<uint64_t>& msg_bytes = msg_bytes_;
   msg_bytes.resize(plan.ops.size());
@@ -115,8 +73,8 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
     scratch_.resize(coded_frag_bytes / block_bytes * codec->block_elems() + codec->block_elems());
   }
 
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + std::chrono::nanoseconds(a.timeout_ns);
+  const Waiter::Clock::time_point start = Waiter::Clock::now();
+  Waiter waiter(t_, policy_, spin_budget_ns_, seq, a.desc, start, start + std::chrono::nanoseconds(a.timeout_ns));
 
   const bool stream_outputs = !codec && plan.output_bytes >= policy_.stream_min_bytes;
   auto copy = [](void* dst, const void* src, size_t n, bool stream) {
@@ -136,10 +94,6 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   auto fragments_left = [](uint64_t bytes, uint64_t frag) {
     return static_cast<uint32_t>(std::max<uint64_t>(1, (bytes + frag - 1) / frag));
   };
-  bool idle = false;  // whether this rank is in a wait (idle_since is its start)
-  Clock::time_point idle_since = start;
-  int64_t slice = policy_.first_slice_ns;
-  Clock::time_point last_progress = start;
 
   // Sends one fragment at a time of a pure SEND, as long as the transport has room.
   auto pump_send = [&](size_t i) {
@@ -192,10 +146,10 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
     cpu::DecodeArgs d;
     d.in = frag;
     d.n = m;
-    d.divisor = op.finalize ? avg_divisor : 0;
+    d.divisor = finalize_divisor(a.op, op.finalize, world);
     cpu::EncodeArgs e;
     e.residual = residual;
-    e.residual_scale = op.finalize ? residual_scale : 1.0f;
+    e.residual_scale = residual_scale(a.op, op.finalize, world);
     e.n = m;
     e.index = elem;
     e.key = rounding_key;
@@ -236,7 +190,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
   auto pump_recv = [&](size_t i) {
     const PlanOp& op = plan.ops[i];
     const bool sends = op_sends(op.kind);
-    const int divisor = op.finalize ? avg_divisor : 0;
+    const int divisor = finalize_divisor(a.op, op.finalize, world);
     const uint64_t total = msg_bytes[i];
     // Final values go to memory with streaming stores in large collectives (never partials read again).
     const bool stream = stream_outputs && (op.finalize || op.kind == OpKind::kRecv ||
@@ -252,9 +206,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
       }
       // A fragment is whole elements, or with a codec whole blocks unless it ends the message.
       const bool whole = coded(op) ? (h.bytes % block_bytes == 0 || pos[i] + h.bytes == total) : h.bytes % isz == 0;
-      if (h.seq != seq || h.desc_hash != hash || h.msg_bytes != total || h.offset != pos[i] ||
-          h.bytes > total - pos[i] || !whole)
-        t_.raise_header_mismatch(op.recv_peer, h, seq, a.desc, total);
+      check_header(t_, op.recv_peer, h, seq, hash, a.desc, total, pos[i], whole);
       void* room = nullptr;
       if (sends) {
         room = t_.acquire_send(op.send_peer);
@@ -335,43 +287,7 @@ void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
         ++next_recv;
       }
       if (sends_done && next_recv == e) break;
-
-      const Clock::time_point now = Clock::now();
-      if (progressed) {
-        if (idle && policy_.spin_ns > 0) {
-          // A wait that ended while spinning says spinning pays: spin longer next time. One that had to
-          // sleep anyway (a loaded machine, or the peer waiting for this very core) halves it, down to
-          // a floor that keeps probing whether spinning pays again.
-          const bool spin_paid = ns_between(idle_since, now) <= spin_budget_ns_;
-          spin_budget_ns_ =
-              spin_paid ? std::min(policy_.spin_ns, 2 * spin_budget_ns_) : std::max(kMinSpinNs, spin_budget_ns_ / 2);
-        }
-        idle = false;
-        slice = policy_.first_slice_ns;
-        last_progress = now;
-        continue;
-      }
-      if (!idle) {
-        idle = true;
-        idle_since = now;
-      }
-      if (ns_between(idle_since, now) < spin_budget_ns_) {
-        cpu_relax();
-        continue;
-      }
-      if (ns_between(idle_since, now) < spin_budget_ns_ + policy_.yield_ns) {
-        sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
-        continue;
-      }
-      if (now >= deadline) raise_timeout(a, ctx.waiting_on_peer, ns_between(start, now) * 1e-9);
-      if (ns_between(last_progress, now) >= slice) {
-        // Nothing happened for a whole slice: look for dead peers, mismatches and aborts.
-        t_.check_health(ctx);
-        if (policy_.on_idle) policy_.on_idle();
-        last_progress = now;
-        slice = std::min(slice * 2, policy_.max_slice_ns);
-      }
-      t_.wait(waits.data(), waits.size(), std::min<int64_t>(slice, ns_between(now, deadline)));
+      waiter.after_pass(progressed, waits.data(), waits.size(), ctx);
     }
   }
   if (stream_outputs) cpu::stream_fence();
