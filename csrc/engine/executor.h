@@ -50,6 +50,7 @@ class Executor {
   uint64_t claim_seq() { return ++seq_; }
 
  private:
+  class StepRunner;  // one run of a plan (executor.cc)
   void run_steps(const NativePlan& plan, const RunArgs& args);
   void check_codec_plan(const NativePlan& plan, const RunArgs& args);
 
