@@ -104,6 +104,7 @@ class Executor::StepRunner {
   std::vector<uint8_t>& done_;
   std::vector<WaitItem>& waits_;  // what blocked this pass, for Transport::wait
   WaitContext ctx_;
+  const Waiter::Clock::time_point start_;
   Waiter waiter_;
 };
 
@@ -129,8 +130,8 @@ Executor::StepRunner::StepRunner(Executor& x, const NativePlan& plan, const RunA
       done_(x.done_),
       waits_(x.waits_),
       ctx_{seq_, &a.desc, -1},
-      waiter_(t_, x.policy_, x.spin_budget_ns_, seq_, a.desc, Waiter::Clock::now(),
-              Waiter::Clock::now() + std::chrono::nanoseconds(a.timeout_ns)) {
+      start_(Waiter::Clock::now()),
+      waiter_(t_, x.policy_, x.spin_budget_ns_, seq_, a.desc, start_, start_ + std::chrono::nanoseconds(a.timeout_ns)) {
   const size_t n_ops = plan.ops.size();
   msg_bytes_.resize(n_ops);
   for (size_t i = 0; i < n_ops; ++i)
