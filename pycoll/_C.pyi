@@ -78,6 +78,44 @@ class GroupedProgram:
     @property
     def staging_bytes(self) -> int: ...
 
+class CollectiveArgs:
+    """One collective on host memory (csrc/engine/communicator.h CollectiveArgs)."""
+
+    plan: NativePlan | None
+    input: int
+    output: int
+    dtype: int
+    op: int
+    collective: int
+    algorithm: int
+    count: int
+    root: int
+    codec: Codec | None
+    codec_id: int
+    residual: int
+    seed: int
+    timeout_s: float
+    program: GroupedProgram | None
+    def __init__(
+        self,
+        *,
+        plan: NativePlan | None = None,
+        input: int = 0,
+        output: int = 0,
+        dtype: int = 0,
+        op: int = 0,
+        collective: int = 0,
+        algorithm: int = 0,
+        count: int = 0,
+        root: int = 0,
+        codec: Codec | None = None,
+        codec_id: int = 0,
+        residual: int = 0,
+        seed: int = 0,
+        timeout_s: float = 0.0,
+        program: GroupedProgram | None = None,
+    ) -> None: ...
+
 class NativeCommunicator:
     def __init__(
         self,
@@ -106,24 +144,7 @@ class NativeCommunicator:
     def seq(self) -> int: ...
     def connect(self, pids: list[int], fds: list[int]) -> None: ...
     def close_segment_fd(self) -> None: ...
-    def run(
-        self,
-        plan: NativePlan,
-        input: int,
-        output: int,
-        dtype: int,
-        op: int,
-        collective: int,
-        algorithm: int,
-        count: int,
-        root: int,
-        codec: Codec | None,
-        codec_id: int,
-        residual: int,
-        seed: int,
-        timeout_s: float,
-        program: GroupedProgram | None = None,
-    ) -> None: ...
+    def run(self, args: CollectiveArgs) -> None: ...
     def run_device(
         self,
         gpu: _GpuCommunicator,

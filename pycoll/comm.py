@@ -437,21 +437,23 @@ class Communicator:
             program = self.grouped_program(collective, algorithm, count, inp.itemsize, root, codec)
         try:
             native.run(
-                plan,
-                inp.ptr,
-                out.ptr,
-                inp.code,
-                op,
-                COLLECTIVE_CODES[collective],
-                ALGORITHM_CODES[algorithm],
-                count,
-                root,
-                None if codec is None else codec.native(),
-                0 if codec is None else codec.wire_id,
-                0 if residual is None else residual.ptr,
-                0 if codec is None else codec.seed,
-                self.timeout if timeout is None else timeout,
-                program,
+                _C.CollectiveArgs(
+                    plan=plan,
+                    input=inp.ptr,
+                    output=out.ptr,
+                    dtype=inp.code,
+                    op=op,
+                    collective=COLLECTIVE_CODES[collective],
+                    algorithm=ALGORITHM_CODES[algorithm],
+                    count=count,
+                    root=root,
+                    codec=None if codec is None else codec.native(),
+                    codec_id=0 if codec is None else codec.wire_id,
+                    residual=0 if residual is None else residual.ptr,
+                    seed=0 if codec is None else codec.seed,
+                    timeout_s=self.timeout if timeout is None else timeout,
+                    program=program,
+                )
             )
         except PycollError as e:
             if not isinstance(e, InvalidUsageError):

@@ -1,24 +1,31 @@
 #include "engine/cpu_group_backend.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstring>
-#include <string>
+#include <functional>
+#include <utility>
 
 #include "cpu/reduce.h"
 
 namespace pycoll {
 
 namespace {
-constexpr int64_t kYieldNs = 50'000;  // before sleeping, yield this long: a peer may share this core
-constexpr int64_t kFirstSliceNs = 2'000'000;
-constexpr int64_t kMaxSliceNs = 50'000'000;
-
-int64_t ns_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+// How a group waits (engine/waiter.h): no spinning, but before sleeping, yield this long: a peer may
+// share this core.
+WaitPolicy group_wait_policy(std::function<void()> on_idle) {
+  WaitPolicy p;
+  p.spin_ns = 0;
+  p.yield_ns = 50'000;
+  p.first_slice_ns = 2'000'000;
+  p.max_slice_ns = 50'000'000;
+  p.on_idle = std::move(on_idle);
+  return p;
 }
 }  // namespace
+
+CpuGroupBackend::CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns,
+                                 std::function<void()> on_idle)
+    : t_(transport), codec_(codec), timeout_ns_(timeout_ns), policy_(group_wait_policy(std::move(on_idle))) {}
 
 void CpuGroupBackend::begin(uint64_t seq, const Descriptor& desc) {
   seq_ = seq;
@@ -27,22 +34,6 @@ void CpuGroupBackend::begin(uint64_t seq, const Descriptor& desc) {
   start_ = Clock::now();
   deadline_ = start_ + std::chrono::nanoseconds(timeout_ns_);
   t_.begin_collective(seq, desc);
-}
-
-void CpuGroupBackend::raise_timeout(int waiting_on_peer) {
-  const double seconds = ns_between(start_, Clock::now()) * 1e-9;
-  std::vector<int> missing = t_.ranks_not_entered(seq_);
-  std::string msg = describe(desc_) + " (collective #" + std::to_string(seq_) + ") timed out on rank " +
-                    std::to_string(t_.rank()) + " after " + std::to_string(seconds) + " s";
-  if (!missing.empty()) {
-    msg += ": rank(s)";
-    for (size_t i = 0; i < missing.size(); ++i) msg += (i ? ", " : " ") + std::to_string(missing[i]);
-    msg += " have not entered it";
-  } else if (waiting_on_peer >= 0) {
-    msg += ": rank " + std::to_string(waiting_on_peer) + " was not heard from";
-  }
-  throw Error(ErrorKind::kTimeout, msg + ". Raise the timeout with timeout= or PYCOLL_TIMEOUT if the job is only slow.",
-              waiting_on_peer);
 }
 
 // Every message of the group progresses as far as the transport allows on each pass; messages to (from)
@@ -54,9 +45,7 @@ void CpuGroupBackend::group(const P2P* ops, size_t n) {
   busy_.assign(2 * static_cast<size_t>(t_.world()), 0);
   size_t left = n;
   WaitContext ctx{seq_, &desc_, -1};
-  Clock::time_point idle_since{}, last_progress = Clock::now();
-  bool idle = false;
-  int64_t slice = kFirstSliceNs;
+  Waiter waiter(t_, policy_, spin_budget_ns_, seq_, desc_, start_, deadline_);
   while (left) {
     bool progressed = false;
     waits_.clear();
@@ -89,8 +78,7 @@ void CpuGroupBackend::group(const P2P* ops, size_t n) {
             ctx.waiting_on_peer = o.peer;
             break;
           }
-          if (h.seq != seq_ || h.desc_hash != hash_ || h.msg_bytes != o.bytes || h.offset != pos_[k] || h.bytes > rest)
-            t_.raise_header_mismatch(o.peer, h, seq_, desc_, o.bytes);
+          check_header(t_, o.peer, h, seq_, hash_, desc_, o.bytes, pos_[k]);
           std::memcpy(buf + pos_[k], data, h.bytes);
           t_.release_recv(o.peer);
           pos_[k] += h.bytes;
@@ -104,29 +92,7 @@ void CpuGroupBackend::group(const P2P* ops, size_t n) {
       if (!done_[k]) busy = 1;
     }
     if (!left) break;
-    const Clock::time_point now = Clock::now();
-    if (progressed) {
-      idle = false;
-      slice = kFirstSliceNs;
-      last_progress = now;
-      continue;
-    }
-    if (!idle) {
-      idle = true;
-      idle_since = now;
-    }
-    if (ns_between(idle_since, now) < kYieldNs) {
-      sched_yield();
-      continue;
-    }
-    if (now >= deadline_) raise_timeout(ctx.waiting_on_peer);
-    if (ns_between(last_progress, now) >= slice) {
-      t_.check_health(ctx);
-      if (on_idle_) on_idle_();
-      last_progress = now;
-      slice = std::min(slice * 2, kMaxSliceNs);
-    }
-    t_.wait(waits_.data(), waits_.size(), std::min<int64_t>(slice, ns_between(now, deadline_)));
+    waiter.after_pass(progressed, waits_.data(), waits_.size(), ctx);
   }
 }
 

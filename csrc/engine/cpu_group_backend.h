@@ -9,6 +9,7 @@
 
 #include "cpu/codec.h"
 #include "engine/grouped_executor.h"
+#include "engine/waiter.h"
 #include "transport/transport.h"
 
 namespace pycoll {
@@ -17,8 +18,7 @@ class CpuGroupBackend final : public GroupBackend {
  public:
   // `codec` may be null (plain collectives); `timeout_ns` bounds the whole collective; `on_idle` is called
   // between sleeps (it may throw, e.g. to deliver Ctrl-C).
-  CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns, std::function<void()> on_idle)
-      : t_(transport), codec_(codec), timeout_ns_(timeout_ns), on_idle_(std::move(on_idle)) {}
+  CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns, std::function<void()> on_idle);
 
   int rank() const override { return t_.rank(); }
   int world() const override { return t_.world(); }
@@ -32,13 +32,12 @@ class CpuGroupBackend final : public GroupBackend {
   void abort(const Error& error) override { t_.abort(error); }
 
  private:
-  [[noreturn]] void raise_timeout(int waiting_on_peer);
-
-  using Clock = std::chrono::steady_clock;
+  using Clock = Waiter::Clock;
   Transport& t_;
   const cpu::Codec* codec_;
   int64_t timeout_ns_;
-  std::function<void()> on_idle_;
+  WaitPolicy policy_;
+  int64_t spin_budget_ns_ = 0;  // the policy does not spin
   uint64_t seq_ = 0;
   uint64_t hash_ = 0;
   Descriptor desc_{};

@@ -4,37 +4,22 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "cpu/codec.h"
 #include "cpu/reduce.h"
 #include "engine/descriptor.h"
 #include "engine/plan.h"
+#include "engine/waiter.h"
 #include "transport/transport.h"
 
 namespace pycoll {
 
-struct ExecutorPolicy {
-  // Longest time a waiting rank polls the transport before it sleeps. Worth it only when every rank has
-  // a core of its own; with more ranks than cores a spinning rank steals the core its peer needs (the
-  // communicator sets 0 then). The executor adapts below this: a long wait halves the next spin, so a
-  // loaded machine stops spinning by itself, and a short one doubles it again.
-  int64_t spin_ns = 0;
-  // Then, for this long, yield the core instead of sleeping. With more ranks than cores the peer this
-  // rank waits for is usually runnable on the same core: a yield lets it run at once, while a sleep
-  // costs a futex wake-up and, in a VM, an inter-processor interrupt to an idle vCPU.
-  int64_t yield_ns = 0;
-  // First sleep slice; it doubles up to max_slice_ns. Health checks (dead peers, published mismatches,
-  // aborts) run after each slice that passed without progress.
-  int64_t first_slice_ns = 2'000'000;
-  int64_t max_slice_ns = 50'000'000;
+// How the executor waits (engine/waiter.h), and how it writes large outputs.
+struct ExecutorPolicy : WaitPolicy {
   // Collectives whose output is at least this large write final values with non-temporal stores: the
   // output would not stay in cache anyway, and skipping read-for-ownership saves a third of the traffic.
   uint64_t stream_min_bytes = 8ull << 20;
-  // Called after every sleep slice that passed without progress (at most every few ms), e.g. to let
-  // the Python layer deliver Ctrl-C. It may throw; the communicator is then aborted.
-  std::function<void()> on_idle;
 };
 
 struct RunArgs {
@@ -65,9 +50,9 @@ class Executor {
   uint64_t claim_seq() { return ++seq_; }
 
  private:
+  class StepRunner;  // one run of a plan (executor.cc)
   void run_steps(const NativePlan& plan, const RunArgs& args);
   void check_codec_plan(const NativePlan& plan, const RunArgs& args);
-  [[noreturn]] void raise_timeout(const RunArgs& args, int waiting_on_peer, double seconds);
 
   Transport& t_;
   ExecutorPolicy policy_;

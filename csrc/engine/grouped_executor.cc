@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "engine/op_semantics.h"
+
 namespace pycoll {
 
 namespace {
@@ -40,7 +42,7 @@ struct Places {
 void finish_plain(const Places& p, const PlanOp& op, size_t i, GroupBackend& be) {
   const GroupedArgs& a = p.a;
   const size_t n = op.bytes / dtype_size(a.dtype);
-  const int divisor = op.finalize && a.op == RedOp::kAvg ? be.world() : 0;
+  const int divisor = finalize_divisor(a.op, op.finalize, be.world());
   uint8_t* dst = p.buffer(op.dst_buf) + op.dst_off;
   const uint8_t* src = p.buffer(op.src_buf) + op.src_off;
   const uint8_t* msg = op.kind == OpKind::kCopy ? nullptr : p.stage(p.prog.recv_stage[i]);
@@ -80,10 +82,10 @@ void finish_compressed(const Places& p, const PlanOp& op, size_t i, GroupBackend
   codec::DecodeArgs d;
   d.in = msg;
   d.n = m;
-  d.divisor = op.finalize && a.op == RedOp::kAvg ? world : 0;
+  d.divisor = finalize_divisor(a.op, op.finalize, world);
   codec::EncodeArgs e;
   e.residual = residual;
-  e.residual_scale = op.finalize && a.op == RedOp::kAvg ? static_cast<float>(world) : 1.0f;
+  e.residual_scale = residual_scale(a.op, op.finalize, world);
   e.n = m;
   e.index = elem;
   e.key = a.rounding_key;

@@ -1,6 +1,6 @@
 // Runs a plan lowered to a grouped program (pycoll/algorithms/grouped.py: rounds of matched sends and
 // receives, each followed by the kernels of the ops whose messages arrived) over a GroupBackend: NCCL
-// and CUDA kernels on a stream on GPUs (csrc/cuda/gpu_backend.cc), the shared-memory transport and the
+// and CUDA kernels on a stream on GPUs (csrc/engine/gpu_backend.cc), the shared-memory transport and the
 // CPU loops on CPUs (cpu_group_backend.cc, which is how the CPU tests check this file).
 //
 // Whole messages travel at once, into staging memory; FINISH moves each where its op says, exactly as

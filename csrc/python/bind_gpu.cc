@@ -1,4 +1,4 @@
-// pycoll._C.gpu: the GPU side of a communicator (grouped programs over NCCL, csrc/cuda/gpu_backend.h),
+// pycoll._C.gpu: the GPU side of a communicator (grouped programs over NCCL, csrc/engine/gpu_backend.h),
 // CUDA events for Work, and where a pointer lives.
 #include <pybind11/pybind11.h>
 
@@ -8,7 +8,7 @@
 #include "python/bindings.h"
 
 #if PYCOLL_WITH_CUDA
-#include "cuda/gpu_backend.h"
+#include "engine/gpu_backend.h"
 #include "pycoll/cuda_check.h"
 #include "python/nccl_handle.h"
 #endif

@@ -1,4 +1,4 @@
-#include "cuda/gpu_backend.h"
+#include "engine/gpu_backend.h"
 
 #include <string>
 #include <vector>

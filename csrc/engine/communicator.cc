@@ -1,0 +1,135 @@
+#include "engine/communicator.h"
+
+#include <utility>
+
+#include "engine/cpu_group_backend.h"
+#include "engine/descriptor.h"
+#include "kernels/half.h"
+#include "transport/composite.h"
+
+namespace pycoll {
+
+Communicator::Communicator(const CommunicatorConfig& config) {
+  const int rank = config.rank, world = config.world;
+  std::unique_ptr<ShmTransport> shm;
+  std::unique_ptr<TcpTransport> tcp;
+  if (config.tcp_bind.empty() || !config.local.empty())
+    shm = std::make_unique<ShmTransport>(rank, world, ShmConfig{config.slot_bytes, config.slots});
+  if (!config.tcp_bind.empty())
+    tcp = std::make_unique<TcpTransport>(rank, world, TcpConfig{config.slot_bytes, config.slots}, config.tcp_bind);
+  shm_ = shm.get();
+  tcp_ = tcp.get();
+  if (shm && tcp)
+    transport_ = std::make_unique<CompositeTransport>(std::move(shm), std::move(tcp), config.local);
+  else if (shm)
+    transport_ = std::move(shm);
+  else
+    transport_ = std::move(tcp);
+  ExecutorPolicy policy;
+  policy.spin_ns = config.spin_ns;
+  policy.yield_ns = config.yield_ns;
+  policy.stream_min_bytes = config.stream_min_bytes;
+  policy.on_idle = config.on_idle;
+  on_idle_ = policy.on_idle;
+  executor_ = std::make_unique<Executor>(*transport_, policy);
+}
+
+void Communicator::run(const CollectiveArgs& c) {
+  if (!c.plan) throw Error(ErrorKind::kInternal, "a collective was run without a plan");
+  const NativePlan& plan = *c.plan;
+  if (plan.world != transport_->world() || plan.rank != transport_->rank())
+    throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
+  if (c.dtype < 0 || c.dtype >= kNumDTypes) throw Error(ErrorKind::kInvalidUsage, "unknown dtype code");
+  if (c.op < 0 || c.op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code");
+  const DType type = static_cast<DType>(c.dtype);
+  const cpu::Codec* const codec = c.codec.get();
+  const bool widen = codec && type != DType::kFloat32;
+  if (codec && type != DType::kFloat16 && type != DType::kBFloat16 && type != DType::kFloat32)
+    throw Error(ErrorKind::kInvalidUsage, "compression needs float32, float16 or bfloat16 data");
+  RunArgs args;
+  args.input = reinterpret_cast<const void*>(c.input);
+  args.output = reinterpret_cast<void*>(c.output);
+  args.dtype = widen ? DType::kFloat32 : type;
+  args.op = static_cast<RedOp>(c.op);
+  args.desc = Descriptor{c.collective, c.algorithm, c.dtype, c.op, c.count, c.root, c.codec_id};
+  args.timeout_ns = static_cast<int64_t>(c.timeout_s * 1e9);
+  args.codec = codec;
+  args.residual = reinterpret_cast<float*>(c.residual);
+  args.seed = c.seed;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!widen) {
+    execute(plan, args, codec, c.program.get());
+    return;
+  }
+  const uint16_t* in = static_cast<const uint16_t*>(args.input);
+  uint16_t* out = static_cast<uint16_t*>(args.output);
+  const size_t n = static_cast<size_t>(c.count);
+  work_.resize(n);
+  float* w = work_.data();
+  if (type == DType::kFloat16) {
+    for (size_t i = 0; i < n; ++i) w[i] = half_to_float(in[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) w[i] = bf16_to_float(in[i]);
+  }
+  args.input = args.output = w;
+  execute(plan, args, codec, c.program.get());
+  if (type == DType::kFloat16) {
+    for (size_t i = 0; i < n; ++i) out[i] = float_to_half(w[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(w[i]);
+  }
+}
+
+void Communicator::execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec,
+                           const GroupedProgram* program) {
+  if (!program) {
+    executor_->run(plan, args);
+    return;
+  }
+  GroupedArgs g;
+  g.input = args.input;
+  g.output = args.output;
+  g.dtype = args.dtype;
+  g.op = args.op;
+  g.desc = args.desc;
+  g.seq = executor_->claim_seq();
+  staging_.resize(program->staging_bytes);
+  encoded_.resize(codec ? codec->encoded_bytes(plan.output_bytes / 4) : 0);
+  g.staging = staging_.data();
+  g.encoded = encoded_.data();
+  if (codec) {
+    g.compressed = true;
+    g.block_elems = codec->block_elems();
+    g.block_bytes = codec->block_bytes();
+    g.residual = args.residual;
+    g.rounding_key = codec::rounding_key(args.seed, static_cast<uint32_t>(transport_->rank()), g.seq);
+  }
+  CpuGroupBackend backend(*transport_, codec, args.timeout_ns, on_idle_);
+  GroupedExecutor::run(plan, *program, g, backend);
+}
+
+#if PYCOLL_WITH_CUDA
+void Communicator::run_device(cuda::GpuCommunicator& gpu, const NativePlan& plan, const GroupedProgram& program,
+                              cuda::GpuCommunicator::Call call, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  call.seq = executor_->claim_seq();
+  CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(timeout_s * 1e9), on_idle_);
+  gpu.run(plan, program, call, &host);
+}
+#endif
+
+void Communicator::abort(int kind, const std::string& message) {
+  transport_->abort(Error(static_cast<ErrorKind>(kind), message));
+}
+
+ShmTransport& Communicator::shm() {
+  if (!shm_) throw Error(ErrorKind::kInternal, "this communicator's transport is not shared memory");
+  return *shm_;
+}
+
+TcpTransport& Communicator::tcp() {
+  if (!tcp_) throw Error(ErrorKind::kInternal, "this communicator's transport is not TCP");
+  return *tcp_;
+}
+
+}  // namespace pycoll

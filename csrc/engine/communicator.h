@@ -1,0 +1,104 @@
+// One rank's native communicator: its transport (shared memory, TCP, or both: shared memory to the ranks
+// on this host and TCP to the others), the executor that runs plans over it, and the buffers reused from
+// call to call. Bound as pycoll._C.NativeCommunicator (csrc/python/module.cc).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cpu/codec.h"
+#include "engine/executor.h"
+#include "engine/grouped_executor.h"
+#include "engine/plan.h"
+#include "transport/shm.h"
+#include "transport/tcp.h"
+#include "transport/transport.h"
+
+#if PYCOLL_WITH_CUDA
+#include "engine/gpu_backend.h"
+#endif
+
+namespace pycoll {
+
+struct CommunicatorConfig {
+  int rank = 0;
+  int world = 1;
+  size_t slot_bytes = 0;
+  uint32_t slots = 0;
+  int64_t spin_ns = 0;
+  int64_t yield_ns = 0;
+  uint64_t stream_min_bytes = 0;
+  // The address to listen on for TCP connections; empty: shared memory only. With both this and `local`
+  // (local[r]: rank r is on this host), shared memory to this host's ranks and TCP to the others.
+  std::string tcp_bind;
+  std::vector<bool> local;
+  // Called between sleeps of a waiting rank (ExecutorPolicy::on_idle); it may throw, e.g. to deliver
+  // Ctrl-C.
+  std::function<void()> on_idle;
+};
+
+// One collective on host memory (bound as pycoll._C.CollectiveArgs, filled in by pycoll/comm.py).
+struct CollectiveArgs {
+  std::shared_ptr<NativePlan> plan;
+  uintptr_t input = 0, output = 0;
+  int dtype = 0;  // DType code of the caller's buffers
+  int op = 0;     // RedOp code
+  int collective = 0, algorithm = 0;
+  int64_t count = 0;
+  int root = 0;
+  // Compressed all-reduce: the codec (null for plain collectives), its wire id, the float32
+  // error-feedback residual (0: none) and the stochastic-rounding seed.
+  std::shared_ptr<cpu::Codec> codec;
+  int64_t codec_id = 0;
+  uintptr_t residual = 0;
+  uint64_t seed = 0;
+  double timeout_s = 0;
+  // With a program: run the grouped executor over this transport instead of the fragment executor.
+  std::shared_ptr<GroupedProgram> program;
+};
+
+class Communicator {
+ public:
+  explicit Communicator(const CommunicatorConfig& config);
+
+  // Runs one collective. `codec` (null for plain collectives) encodes the messages of a compressed
+  // all-reduce; its plan works on float32, so float16 / bfloat16 buffers are widened into a work buffer
+  // first and rounded back once at the end (accumulation is always float32). Collectives of one
+  // communicator run one at a time.
+  void run(const CollectiveArgs& args);
+
+#if PYCOLL_WITH_CUDA
+  // A collective on GPU memory whose messages travel through this transport (host-staged): for ranks
+  // that share one GPU, which NCCL refuses, or that have no NCCL. Enqueued on the call's stream, but the
+  // host waits for that stream at every group.
+  void run_device(cuda::GpuCommunicator& gpu, const NativePlan& plan, const GroupedProgram& program,
+                  cuda::GpuCommunicator::Call call, double timeout_s);
+#endif
+
+  void abort(int kind, const std::string& message);
+
+  Transport& transport() { return *transport_; }
+  ShmTransport& shm();
+  TcpTransport& tcp();
+  uint64_t seq() const { return executor_->seq(); }
+
+ private:
+  // The fragment executor, or with a program the grouped executor (over this transport and the CPU loops:
+  // how the CPU tests check the programs GPUs run over NCCL).
+  void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
+
+  std::unique_ptr<Transport> transport_;
+  ShmTransport* shm_ = nullptr;
+  TcpTransport* tcp_ = nullptr;
+  std::unique_ptr<Executor> executor_;
+  std::mutex mu_;
+  std::vector<float> work_;  // float32 copy of a float16 / bfloat16 buffer being all-reduced with a codec
+  std::function<void()> on_idle_;
+  std::vector<uint8_t> staging_, encoded_;  // grouped programs' staging and kEncoded buffers
+};
+
+}  // namespace pycoll
