@@ -91,6 +91,11 @@ def run_worker(job: Job) -> int:
         if wanted:
             from pycoll.bench import baselines
 
+            # Every rank is past pycoll.init() before a baseline starts: the rank that hosts the
+            # rendezvous store serves it from a thread of its own process, and mpi4py's MPI_Init holds
+            # the GIL while it waits for every rank, so a rank whose last set-up request (the cost
+            # model) was not answered yet would never reach MPI_Init (a hang until the store's timeout).
+            pycoll.barrier()
             if any(name in ("gloo", "nccl") for name in wanted):
                 store_file = _rendezvous_file(rank)
             connected = baselines.connect(wanted, rendezvous_file=store_file)
