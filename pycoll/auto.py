@@ -1,17 +1,17 @@
 """The one module that decides what "auto" means: one function per question.
 
-| question                                                 | function                    | asked by    |
-|----------------------------------------------------------|-----------------------------|-------------|
-| how do the ranks reach each other (PYCOLL_TRANSPORT)?    | ``transport``               | Communicator|
-| how long does a waiting rank spin / yield (``auto``)?    | ``wait_policy``             | Communicator|
-| are the ranks on equal hosts, numbered host by host?     | ``ranks_per_host``,         | Communicator|
-|                                                          | ``spans_equal_hosts``       |             |
-| which cost model do ``auto`` choices use?                | ``uses_calibration``,       | Communicator|
-|                                                          | ``default_model``           |             |
-| which algorithm runs ``algorithm="auto"``?               | ``algorithm``               | pycoll.api  |
-| ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,|
-|                                                          |                             | bench       |
-| which codec and algorithm run ``compression="auto"``?    | ``compression``             | pycoll.api  |
+| question                                                 | function                     | asked by     |
+|----------------------------------------------------------|------------------------------|--------------|
+| how do the ranks reach each other (PYCOLL_TRANSPORT)?    | ``transport``                | Communicator |
+| how long does a waiting rank spin / yield (``auto``)?    | ``wait_policy``              | Communicator |
+| are the ranks on equal hosts, numbered host by host?     | ``ranks_per_host``,          | Communicator |
+|                                                          | ``spans_equal_hosts``        |              |
+| which cost model do ``auto`` choices use?                | ``uses_calibration``,        | Communicator |
+|                                                          | ``default_model``            |              |
+| which algorithm runs ``algorithm="auto"``?               | ``algorithm``                | pycoll.api   |
+| ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,  |
+|                                                          |                              | pycoll.bench |
+| which codec and algorithm run ``compression="auto"``?    | ``compression``              | pycoll.api   |
 
 The cost model (:class:`pycoll.tuning.model.Model`) only predicts: it answers "which of these is
 predicted fastest" (``choose_algorithm``, ``choose_compression``, remembered per model); this module
