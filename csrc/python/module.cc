@@ -356,7 +356,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP handshake computes it (csrc/transport/hmac.cc)");
 
   // One collective's arguments (csrc/engine/communicator.h CollectiveArgs), filled in by pycoll/comm.py.
-  // One collective's arguments (csrc/engine/communicator.h CollectiveArgs), filled in by pycoll/comm.py.
   py::class_<CollectiveArgs> collective_args(m, "CollectiveArgs");
   collective_args.def(py::init(&make_collective_args), "CollectiveArgs(**fields): keyword arguments only");
   for_each_collective_field([&](const char* name, auto member) { collective_args.def_readwrite(name, member); });
@@ -385,8 +384,11 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "run",
           [](Communicator& c, const CollectiveArgs& args) {
+            // A copy: the Python object's fields (and the plan, codec and program they hold) may be
+            // reassigned by another thread while this one runs without the GIL.
+            const CollectiveArgs mine = args;
             py::gil_scoped_release release;
-            c.run(args);
+            c.run(mine);
           },
           py::arg("args"))
 #if PYCOLL_WITH_CUDA

@@ -5,8 +5,9 @@
 // path: all it can reach is the segment the sleeper owns, and all it should pay is what it pays today (a
 // fence and a look at the sleeper's published wait; a futex wake only when that wait is met). So the
 // doorbell is the shared-memory transport's own wake word, rung by its peers exactly as before. The TCP
-// I/O thread is in the sleeper's own process and can ring any word: after every pass that moved
-// something, it rings the doorbell too (a load of `sleeping` when the rank is awake; a wake when it sleeps).
+// I/O thread is in the sleeper's own process and can ring any word: it rings the doorbell when the rank
+// is armed and what it waits for over TCP has arrived, or when the transport aborts or its I/O fails (not
+// once per frame).
 // A composite of transports none of which owns a doorbell uses a word of its own.
 #pragma once
 

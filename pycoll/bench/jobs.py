@@ -196,11 +196,13 @@ def run_job(job: Job) -> JobResult:
             from pycoll.cli.run import launch
 
             code = launch(sent.ranks, rank_command(sent), env=env)
-        try:
-            with open(path, encoding="utf-8") as f:
-                records = read_json_lines(f.read())
-        except OSError:
-            records = []
+        records = []
+        if code == 0:  # a failed job's file may be cut short, or an older run's (``job.json``)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    records = read_json_lines(f.read())
+            except (OSError, ValueError):
+                records = []
     return JobResult(code, records)
 
 
