@@ -419,6 +419,9 @@ def test_stub_ctrl_c_during_init_aborts(stub_lib: str) -> None:
         stub_lib,
         """
         import signal, threading
+        # Python leaves SIGINT ignored when it started ignored (a background job of a shell without job
+        # control): install the handler that raises KeyboardInterrupt, as an interactive run has it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
         t = time.monotonic()
         name, _ = expect(lambda: _C.nccl.Comm(UID, 2, 1, 30.0), KeyboardInterrupt)
