@@ -81,10 +81,14 @@ def test_pycoll_bench_in_a_directory_holding_another_pycoll(decoy_dir: Path) -> 
 def test_pycoll_run_keeps_python_path_rules_for_the_users_program(tmp_path: Path) -> None:
     """A user's module in the current directory stays importable under ``pycoll run -m``, as with
     ``python -m``."""
-    (tmp_path / "users_job.py").write_text("import os\nprint('rank', os.environ['RANK'], 'ran')\n")
+    # Each rank writes a file of its own: two ranks printing to one pipe may interleave their bytes.
+    (tmp_path / "users_job.py").write_text(
+        "import os, pathlib\npathlib.Path(f\"ran{os.environ['RANK']}\").write_text(os.getcwd())\n"
+    )
     proc = _run(module_command("pycoll.run", ["-n", "2", "-m", "users_job"]), tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.split("\n")[:2]) == ["rank 0 ran", "rank 1 ran"]
+    assert sorted(p.name for p in tmp_path.glob("ran*")) == ["ran0", "ran1"]
+    assert all((tmp_path / f"ran{r}").read_text() == str(tmp_path) for r in range(2))
 
 
 # ---- a pycoll without its native module --------------------------------------------------------------
