@@ -1,0 +1,110 @@
+"""``Options``: what a ``"pycoll"`` process group compresses, passed as ``pg_options=``.
+
+    dist.init_process_group("pycoll", pg_options=pycoll.torch.Options(compression="int8"))
+    tp = dist.new_group(ranks, backend="pycoll", pg_options=pycoll.torch.Options())  # lossless
+
+The codec rule (one place: ``Options.codec_for``): an all-reduce or reduce-scatter compresses when the
+group has a codec, the tensor has at least ``min_numel`` elements, its dtype is one the codecs take
+(float32, float16, bfloat16) and the op is SUM, AVG or PREMUL_SUM. Everything else (integers, uint8, bool,
+float64, MIN/MAX/PRODUCT/bitwise, gathers, broadcasts, all-to-all, send/recv) stays lossless.
+
+Error feedback (``error_feedback=True``, the default with a codec): what compression lost on a tensor
+is kept in a float32 residual and added to that tensor's next all-reduce. Residuals are keyed by the
+tensor's storage (its data pointer, element offset, element count and dtype): a tensor reduced again in
+the same memory meets its own residual. DDP all-reduces each gradient bucket in the same bucket buffer
+every step, so each bucket keeps its residual (DDP rebuilds its buckets once, after the first step: the
+new buffers start from zero residuals, the old ones are dropped). FSDP2 reduce-scatters from a buffer it
+allocates each step: whether that lands at the same address again is up to the allocator, so with FSDP2
+a residual is reused only when it does; a tensor at a new address starts from zeros. At most
+``max_residuals`` residuals are kept, the least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Union
+
+import torch
+
+from pycoll.compression import CODEC_DTYPES, Codec, get_codec
+from pycoll.errors import InvalidUsageError
+
+_CODEC_DTYPES = {getattr(torch, name) for name in CODEC_DTYPES}
+
+
+class Options:
+    """Per-group settings of the pycoll backend (``pg_options=`` of init_process_group / new_group).
+
+    ``compression``: None (default: lossless, results equal gloo's to rounding), "fp16", "bf16", "int8",
+    "int4", or a ``pycoll.compression`` codec (a user codec included). ``error_feedback``: keep a residual
+    per tensor storage (module docstring). ``min_numel``: tensors with fewer elements go uncompressed
+    (the DDP hook's rule). ``algorithm``: the all-reduce algorithm ("auto": the cost model's choice).
+    ``max_residuals``: how many residuals error feedback keeps at most.
+    """
+
+    def __init__(
+        self,
+        compression: Union[str, Codec, None] = None,
+        *,
+        error_feedback: bool = True,
+        min_numel: int = 1024,
+        algorithm: str = "auto",
+        max_residuals: int = 256,
+    ) -> None:
+        if not isinstance(min_numel, int) or min_numel < 0:
+            raise InvalidUsageError(f"min_numel must be an integer >= 0, got {min_numel!r}")
+        if not isinstance(max_residuals, int) or max_residuals < 1:
+            raise InvalidUsageError(f"max_residuals must be an integer >= 1, got {max_residuals!r}")
+        if not isinstance(algorithm, str):
+            raise InvalidUsageError(f"algorithm must be a string, got {algorithm!r}")
+        self.codec: Codec | None = get_codec(compression)
+        self.error_feedback = bool(error_feedback)
+        self.min_numel = min_numel
+        self.algorithm = algorithm
+        self.max_residuals = max_residuals
+
+    def codec_for(self, tensor: torch.Tensor, op: str) -> Codec | None:
+        """The codec this reduction goes through, or None (lossless): the rule of the module docstring."""
+        if self.codec is None or op not in ("sum", "avg") or tensor.numel() < self.min_numel:
+            return None
+        return self.codec if tensor.dtype in _CODEC_DTYPES else None
+
+    def __repr__(self) -> str:
+        codec = "none" if self.codec is None else repr(self.codec)
+        return (
+            f"pycoll.torch.Options(compression={codec}, error_feedback={self.error_feedback}, "
+            f"min_numel={self.min_numel}, algorithm={self.algorithm!r})"
+        )
+
+
+class Residuals:
+    """Error-feedback residuals of one process group, keyed by tensor storage, least recently used
+    dropped first (see the module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._by_key: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
+
+    @staticmethod
+    def key(tensor: torch.Tensor) -> tuple[Any, ...]:
+        storage = tensor.untyped_storage()
+        return (tensor.device, storage.data_ptr(), tensor.storage_offset(), tensor.numel(), tensor.dtype)
+
+    def for_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The residual of ``tensor``'s storage: float32, one element per element; zeros when new."""
+        key = self.key(tensor)
+        with self._lock:
+            residual = self._by_key.get(key)
+            if residual is None:
+                residual = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
+                self._by_key[key] = residual
+                while len(self._by_key) > self._limit:
+                    self._by_key.popitem(last=False)
+            else:
+                self._by_key.move_to_end(key)
+            return residual
+
+    def __len__(self) -> int:
+        return len(self._by_key)

@@ -1,0 +1,234 @@
+"""pycoll as a torch.distributed backend (``init_process_group("pycoll")``), on 2 and 4 CPU ranks.
+
+Every op torch's gloo backend runs on CPU, checked against closed-form or float64 / int64 results
+computed here, every rank's result bitwise identical to the others'; the async Work contract; sub-groups
+and DeviceMesh; per-group compression (what compresses, its error bound, error feedback); refused
+options; and failures (mismatch, timeout, a lost peer) raising pycoll's errors on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the backend needs it)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _torch_backend as tb  # noqa: E402
+from harness import RankPool, run_ranks  # noqa: E402
+
+from pycoll.compression import get_codec  # noqa: E402
+from pycoll.compression.bounds import error_bound  # noqa: E402
+
+WORLDS = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory):
+    """One pool of fresh processes per world size, the pycoll backend initialized in each."""
+    made: dict[int, RankPool] = {}
+
+    def get(world: int) -> RankPool:
+        if world not in made or not made[world].alive:
+            pool = RankPool(world)
+            path = tmp_path_factory.mktemp(f"torch-backend-{world}") / "store"
+            assert pool.run(tb.init, str(path), timeout=90) == ["pycoll"] * world
+            made[world] = pool
+        return made[world]
+
+    yield get
+    for pool in made.values():
+        pool.close()
+
+
+def _identical(values: list) -> None:
+    for r, v in enumerate(values[1:], 1):
+        assert v == values[0], f"rank {r} differs from rank 0"
+
+
+# ---- all-reduce ----------------------------------------------------------------------------------------
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "uint8", "int16", "bool"]
+OPS = ["sum", "min", "max", "product", "avg", "premul_sum", "band", "bor", "bxor"]
+
+
+def _applies(dtype: str, op: str) -> bool:
+    floating = dtype.startswith(("float", "bfloat"))
+    if op in ("band", "bor", "bxor"):
+        return not floating
+    if op in ("avg", "premul_sum"):
+        return floating
+    return True
+
+
+def _expected(dtype: str, op: str, n: int, world: int) -> list:
+    maker = {"product": tb.prod_value, "band": tb.bits_value, "bor": tb.bits_value, "bxor": tb.bits_value}
+    rows = [maker.get(op, tb.value)(r, n) for r in range(world)]
+    if dtype == "bool":
+        rows = [[v % 3 == 0 for v in row] for row in rows]
+        fold = {"sum": any, "max": any, "bor": any, "min": all, "product": all, "band": all}.get(op)
+        fold = fold or (lambda col: sum(col) % 2 == 1)  # bxor
+        return [fold(col) for col in zip(*rows)]
+    out = []
+    for col in zip(*rows):
+        if op == "sum" or op == "premul_sum":
+            v = sum(col) * (0.5 if op == "premul_sum" else 1)
+        elif op == "avg":
+            v = sum(col) / world
+        elif op == "min":
+            v = min(col)
+        elif op == "max":
+            v = max(col)
+        elif op == "product":
+            v = math.prod(col)
+        else:
+            v = col[0]
+            for c in col[1:]:
+                v = {"band": v & c, "bor": v | c, "bxor": v ^ c}[op]
+        out.append(v)
+    t = torch.tensor(out, dtype=torch.float64 if out and isinstance(out[0], float) else torch.int64)
+    return tb._as_list(t.to(getattr(torch, dtype)))  # wraps (int8 sums) and rounds as the dtype does
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_reduce_every_op_and_dtype(pools, world):
+    cases = [(d, op, n, n == 37) for d in DTYPES for op in OPS if _applies(d, op) for n in (1, 37, 1500)]
+    cases += [("complex64", "sum", 50, False), ("complex128", "avg", 50, True), ("float32", "sum", 0, False)]
+    results = pools(world).run(tb.all_reduce_cases, cases, timeout=120)
+    for i, (dtype, op, n, strided) in enumerate(cases):
+        _identical([res[i][1] for res in results])
+        got = results[0][i][0]
+        if dtype.startswith("complex"):
+            scale = world if op == "avg" else 1
+            col = [sum(tb.value(r, n)[k] for r in range(world)) / scale for k in range(n)]
+            assert got[0::2] == pytest.approx(col) and got[1::2] == pytest.approx([-c for c in col])
+            continue
+        assert got == _expected(dtype, op, n, world), f"{dtype} {op} n={n} strided={strided}"
+
+
+def test_refused_reductions_leave_the_group_usable(pools):
+    for errors in pools(2).run(tb.bad_reductions, timeout=60):
+        assert errors[0].startswith("InvalidUsageError") and "BAND" in errors[0], errors[0]
+        assert errors[1].startswith("InvalidUsageError") and "avg" in errors[1], errors[1]
+        assert errors[2].startswith("InvalidUsageError") and "float8_e4m3fn" in errors[2], errors[2]
+        assert errors[3] == "[2.0, 2.0, 2.0]"
+
+
+# ---- data movement --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", WORLDS)
+def test_broadcast_gathers_scatter_all_to_all_p2p_reduce(pools, world):
+    results = pools(world).run(tb.data_movement, timeout=120)
+    for rank, got in enumerate(results):
+        for root in range(world):
+            b, flags, col, untouched = got[f"broadcast{root}"]
+            assert b == [root * 10 + i for i in range(5)]
+            assert flags == [True, False]
+            assert col == [root + 0.5] * 4 and untouched == [0.0] * 4
+        assert got["all_gather"] == [[float(r), float(r * r)] for r in range(world)]
+        assert got["all_gather_into_tensor"] == [v for r in range(world) for v in (r + 1.0, 2.0, 3.0)]
+        assert got["all_gather_object"] == [{"rank": r, "s": "x" * r} for r in range(world)]
+        rs = got["reduce_scatter"]
+        col = [[float(r * 100 + rank * 2 + k) for r in range(world)] for k in range(2)]
+        assert rs["tensor_sum"] == [sum(c) for c in col]
+        assert rs["tensor_max"] == [max(c) for c in col]
+        assert rs["tensor_avg"] == pytest.approx([sum(c) / world for c in col], rel=1e-6)
+        assert rs["list_sum"] == [sum(r + rank for r in range(world)), world]
+        assert rs["in_place"] == [sum(c) for c in col]
+        a2a = got["all_to_all"]
+        assert a2a["even"] == [float(r * 100 + rank) for r in range(world)]
+        assert a2a["uneven"] == [[r, rank, k] for r in range(world) for k in range(rank + 1)]
+        assert a2a["list"] == [[r * 10 + rank] * (rank + 1) for r in range(world)]
+        p2p = got["p2p"]
+        assert p2p["ring"] == [(rank - 1) % world, 2 * ((rank - 1) % world), -((rank - 1) % world)]
+        if rank == 1:
+            assert p2p["recv"][:2] == ([42.0, 43.0], [44.0, 45.0])
+        assert got["gather"] == ([[float(r), float(-r)] for r in range(world)] if rank == 0 else None)
+        assert got["scatter"] == [rank, 100 + rank]
+        expected_reduce = float(math.factorial(world)) if rank == 1 else float(rank + 1)
+        assert got["reduce"] == [expected_reduce] * 3  # the root holds the product; the others keep theirs
+
+
+def test_async_work_behaves_as_gloos(pools):
+    for rank, got in enumerate(pools(2).run(tb.async_work, timeout=60)):
+        assert got["wait"] is True and got["completed"] and got["success"] and got["exception"] is None
+        assert got["future_value"] == ["list", True, 3.0]  # the future's value: the output tensors
+        assert got["result_is_t"] and got["t0"] == 3.0
+        assert got["chained"] == [4.0] * 4
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_lossless_results_equal_gloos_and_are_identical(pools, world):
+    n = 1 << 18
+    results = pools(world).run(tb.compare_with_gloo, n, timeout=90)
+    _identical([r["bytes"] for r in results])
+    for got in results:
+        # float32 sums of `world` N(0,1) values: both within a few ulps of the float64 sum
+        assert got["pycoll_err"] <= 1e-5 * world and got["gloo_err"] <= 1e-5 * world, got
+        assert got["diff"] <= 2e-5 * world, got
+
+
+def test_subgroups_and_device_mesh(pools):
+    world = 4
+    for rank, got in enumerate(pools(world).run(tb.subgroups, timeout=90)):
+        parity = [r for r in range(world) if r % 2 == rank % 2]
+        assert got["parity_sum"] == float(sum(parity))
+        assert got["parity_bcast"] == parity[-1]
+        dp_ranks = [r for r in range(world) if r % 2 == rank % 2]  # mesh [[0, 1], [2, 3]]: dp = columns
+        tp_ranks = [r for r in range(world) if r // 2 == rank // 2]
+        assert got["dp"] == (float(sum(dp_ranks)), "pycoll", dp_ranks)
+        assert got["tp"] == (float(sum(tp_ranks)), "pycoll", tp_ranks)
+
+
+# ---- compression ------------------------------------------------------------------------------------------
+def test_int8_group_compresses_float_sums_only(pools):
+    world, n, steps = 2, 4096, 20
+    results = pools(world).run(tb.compressed, n, steps, timeout=90)
+    _identical([r["once_bytes"] for r in results])
+    xs = [torch.tensor(r["x"]) for r in results]
+    exact = sum(x.double() for x in xs)
+    once = torch.tensor(results[0]["once"]).double()
+    inputs = [x.numpy() for x in xs]
+    bound = torch.from_numpy(error_bound(get_codec("int8"), "direct", inputs, once.float().numpy())).double()
+    err = (once - exact).abs()
+    assert bool((err <= bound).all()), f"{int((err > bound).sum())} elements outside the int8 bound"
+    assert float(err.max()) > 0, "int8 compression was not applied"
+    values = [tb.value(r, 4096) for r in range(world)]
+    exact_ints = [sum(col) for col in zip(*values)]
+    exact_doubles = [sum(v / 3 for v in col) for col in zip(*values)]
+    for got in results:
+        assert got["small"] == [pytest.approx(sum(r + 0.1 for r in range(world)), rel=1e-6)] * 100
+        assert got["ints"] == exact_ints
+        assert got["doubles"] == pytest.approx(exact_doubles, rel=1e-15, abs=0)
+        assert got["max"] == torch.maximum(xs[0], xs[1]).tolist()  # MAX never compresses
+        # error feedback: the mean over steps is much closer than one step (residual carried over)
+        mean_err = (torch.tensor(got["mean"]).double() - exact).abs().max()
+        assert float(mean_err) < 0.25 * float(err.max()), (float(mean_err), float(err.max()))
+        assert got["residuals"] == 2  # `once` and the reused buffer: one residual per storage
+
+
+def test_options_and_device_maps_that_cannot_work_are_refused(pools):
+    for errors in pools(2).run(tb.refused_options, timeout=60):
+        assert errors[0].startswith("InvalidUsageError") and "pycoll.torch.Options" in errors[0], errors[0]
+        assert errors[1].startswith("InvalidUsageError") and "cpu:pycoll,cuda:gloo" in errors[1], errors[1]
+
+
+# ---- failures ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["mismatch", "async_mismatch", "timeout", "peer_lost"])
+def test_failures_raise_pycolls_errors_on_every_rank(tmp_path, kind):
+    world = 2 if kind != "peer_lost" else 3
+    results = run_ranks(
+        world, tb.fresh_group_failure, kind, str(tmp_path / "store"), timeout=90, allow_exit=kind == "peer_lost"
+    )
+    expected = {
+        "mismatch": "CollectiveMismatchError",
+        "async_mismatch": "CollectiveMismatchError",
+        "timeout": "CollectiveTimeoutError",
+        "peer_lost": "PeerLostError",
+    }[kind]
+    for rank, got in enumerate(results):
+        if kind in ("timeout", "peer_lost") and rank == 1:
+            continue  # the rank that stayed away / exited
+        assert got["error"] == expected, f"rank {rank}: {got}"
+        assert got["after_s"] < 15, f"rank {rank} took {got['after_s']:.1f} s to fail"
