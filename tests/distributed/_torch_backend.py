@@ -23,7 +23,8 @@ def init(_comm: Any, rank: int, world: int, path: str) -> str:
 
     if "gloo" not in _STATE:
         store = dist.FileStore(path, world)
-        dist.init_process_group("pycoll", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        timeout = timedelta(seconds=60)
+        dist.init_process_group("pycoll", store=store, rank=rank, world_size=world, timeout=timeout)
         _STATE["gloo"] = dist.new_group(backend="gloo")
     return dist.get_backend()
 
@@ -372,7 +373,8 @@ def fresh_group_failure(_comm: Any, rank: int, world: int, kind: str, path: str)
                 dist.all_reduce(torch.ones(1 << 16))
                 time.sleep(0.01)
         elif kind == "async_mismatch":
-            work = dist.all_reduce(torch.ones(100, dtype=torch.float64 if rank == 0 else torch.float32), async_op=True)
+            odd = torch.ones(100, dtype=torch.float64 if rank == 0 else torch.float32)
+            work = dist.all_reduce(odd, async_op=True)
             work.wait()
         return {"error": None}
     except Exception as e:  # noqa: BLE001

@@ -151,7 +151,7 @@ def test_broadcast_gathers_scatter_all_to_all_p2p_reduce(pools, world):
 
 
 def test_async_work_behaves_as_gloos(pools):
-    for rank, got in enumerate(pools(2).run(tb.async_work, timeout=60)):
+    for got in pools(2).run(tb.async_work, timeout=60):
         assert got["wait"] is True and got["completed"] and got["success"] and got["exception"] is None
         assert got["future_value"] == ["list", True, 3.0]  # the future's value: the output tensors
         assert got["result_is_t"] and got["t0"] == 3.0
@@ -219,7 +219,8 @@ def test_options_and_device_maps_that_cannot_work_are_refused(pools):
 def test_failures_raise_pycolls_errors_on_every_rank(tmp_path, kind):
     world = 2 if kind != "peer_lost" else 3
     results = run_ranks(
-        world, tb.fresh_group_failure, kind, str(tmp_path / "store"), timeout=90, allow_exit=kind == "peer_lost"
+        world, tb.fresh_group_failure, kind, str(tmp_path / "store"), timeout=90,
+        allow_exit=kind == "peer_lost"
     )
     expected = {
         "mismatch": "CollectiveMismatchError",
