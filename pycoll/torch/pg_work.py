@@ -23,7 +23,7 @@ from pycoll.errors import CollectiveTimeoutError
 
 
 class TorchWork(dist.Work):
-    def __init__(self, future: Future, outputs: list[torch.Tensor], description: str) -> None:
+    def __init__(self, future: Future | None, outputs: list[torch.Tensor], description: str) -> None:
         super().__init__()
         self._future = future
         self._outputs = outputs
@@ -34,11 +34,12 @@ class TorchWork(dist.Work):
 
     @classmethod
     def finished(cls, outputs: list[torch.Tensor], description: str) -> TorchWork:
-        future: Future = Future()
-        future.set_result(None)
-        return cls(future, outputs, description)
+        """The Work of a call that already succeeded (no future: the per-call cost stays small)."""
+        return cls(None, outputs, description)
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
+        if self._future is None:
+            return True
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         try:
             self._future.result(timeout=seconds if seconds and seconds > 0 else None)
@@ -49,13 +50,15 @@ class TorchWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._future is None or self._future.done()
 
     def is_success(self) -> bool:
-        return self._future.done() and self._future.exception() is None
+        return self._future is None or (self._future.done() and self._future.exception() is None)
 
     def exception(self) -> BaseException | None:
-        return self._future.exception() if self._future.done() else None
+        if self._future is None or not self._future.done():
+            return None
+        return self._future.exception()
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
@@ -77,9 +80,12 @@ class TorchWork(dist.Work):
                     fut.set_result(outputs)
 
             self._torch_future = fut
-            self._future.add_done_callback(done)
+            if self._future is None:
+                fut.set_result(outputs)
+            else:
+                self._future.add_done_callback(done)
         return self._torch_future
 
     def __repr__(self) -> str:
-        state = "done" if self._future.done() else "running"
+        state = "done" if self.is_completed() else "running"
         return f"<pycoll.torch.TorchWork {self._description} {state}>"
