@@ -155,9 +155,17 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return TorchWork.finished(outputs, what)
 
     def _reduction(
-        self, tensor: torch.Tensor, op: str, factor: Any, timeout: float | None, compress: bool = True
+        self,
+        tensor: torch.Tensor,
+        op: str,
+        factor: Any,
+        timeout: float | None,
+        compress: bool = True,
+        key: torch.Tensor | None = None,
     ) -> Callable[[], None]:
-        """The all-reduce of ``tensor`` in place with ``op`` (pycoll's name or a bitwise one)."""
+        """The all-reduce of ``tensor`` in place with ``op`` (pycoll's name or a bitwise one), compressed
+        where the codec rule says; error feedback's residual belongs to ``key``'s storage (default: the
+        tensor's own)."""
         if op in BITWISE:
             check_bitwise(tensor, op)
             return lambda: self._bitwise_allreduce(tensor, op, timeout)
@@ -165,7 +173,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         codec = self.options.codec_for(low.work, low.op) if compress else None
         residual = None
         if codec is not None and self.options.error_feedback:
-            residual = self._residuals.for_tensor(tensor)
+            residual = self._residuals.for_tensor(tensor if key is None else key, low.work.numel())
         comm, algorithm, work = self.comm, self.options.algorithm, low.work
 
         def run() -> None:
@@ -387,9 +395,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         chunk = slice(self._rank * m, (self._rank + 1) * m)
         if op in BITWISE or self.options.codec_for(flat, op) is not None:
             whole = flat.clone()
-            reduce = self._reduction(whole, op, factor, timeout)
-            if self.options.error_feedback and op not in BITWISE:
-                reduce = self._reduction_keyed(whole, key, op, factor, timeout)
+            reduce = self._reduction(whole, op, factor, timeout, key=key)
 
             def run_whole() -> None:
                 reduce()
@@ -407,24 +413,6 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             pycoll.reduce_scatter(source.work, target.work, target.op, comm=comm, timeout=timeout)
             if target.back is not None:
                 target.back()
-
-        return run
-
-    def _reduction_keyed(
-        self, whole: torch.Tensor, key: torch.Tensor, op: str, factor: Any, timeout: float | None
-    ) -> Callable[[], None]:
-        """A compressed all-reduce of ``whole`` whose error-feedback residual belongs to ``key``."""
-        codec = self.options.codec_for(whole, op)
-        residual = self._residuals.for_tensor(key) if key.numel() == whole.numel() else None
-        comm, algorithm = self.comm, self.options.algorithm
-
-        def run() -> None:
-            if factor is not None:
-                whole.mul_(factor)
-            pycoll.allreduce(
-                whole, op, algorithm=algorithm, compression=codec, residual=residual, comm=comm,
-                timeout=timeout,
-            )  # fmt: skip
 
         return run
 

@@ -92,13 +92,14 @@ class Residuals:
         storage = tensor.untyped_storage()
         return (tensor.device, storage.data_ptr(), tensor.storage_offset(), tensor.numel(), tensor.dtype)
 
-    def for_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The residual of ``tensor``'s storage: float32, one element per element; zeros when new."""
-        key = self.key(tensor)
+    def for_tensor(self, tensor: torch.Tensor, numel: int) -> torch.Tensor:
+        """The residual of ``tensor``'s storage: ``numel`` float32 elements (one per element reduced);
+        zeros when new."""
+        key = (*self.key(tensor), numel)
         with self._lock:
             residual = self._by_key.get(key)
             if residual is None:
-                residual = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
+                residual = torch.zeros(numel, dtype=torch.float32, device=tensor.device)
                 self._by_key[key] = residual
                 while len(self._by_key) > self._limit:
                     self._by_key.popitem(last=False)

@@ -322,7 +322,15 @@ def compressed(_comm: Any, rank: int, world: int, n: int, steps: int) -> dict[st
         dist.all_reduce(buf, group=group)
         total += buf.double()
     residuals = len(group._residuals)
+    rs_in = torch.randn(world * 2048, generator=g)
+    rs_out = torch.empty(2048)
+    dist.reduce_scatter_tensor(rs_out, rs_in, group=group)  # compressed: an all-reduce of a copy
+    rs_first = rs_out.tolist()
+    dist.reduce_scatter_tensor(rs_out, rs_in, group=group)  # the same input storage: its residual
     return {
+        "rs_in": rs_in.tolist(),
+        "rs": rs_first,
+        "residuals_after_rs": len(group._residuals),
         "x": x.tolist(),
         "once": once.tolist(),
         "once_bytes": once.view(torch.uint8).numpy().tobytes(),

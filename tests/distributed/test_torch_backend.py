@@ -206,6 +206,18 @@ def test_int8_group_compresses_float_sums_only(pools):
         mean_err = (torch.tensor(got["mean"]).double() - exact).abs().max()
         assert float(mean_err) < 0.25 * float(err.max()), (float(mean_err), float(err.max()))
         assert got["residuals"] == 2  # `once` and the reused buffer: one residual per storage
+        assert got["residuals_after_rs"] == 3  # the reduce-scatter's input: one more, however often
+    rs_inputs = [torch.tensor(r["rs_in"]) for r in results]
+    rs_exact = sum(x.double() for x in rs_inputs)
+    for rank, got in enumerate(results):
+        chunk = slice(rank * 2048, (rank + 1) * 2048)
+        whole = torch.zeros(world * 2048, dtype=torch.float64)
+        whole[chunk] = torch.tensor(got["rs"]).double()
+        inputs = [x.numpy() for x in rs_inputs]
+        rs_bound = torch.from_numpy(error_bound(get_codec("int8"), "direct", inputs, whole.float().numpy()))
+        rs_err = (torch.tensor(got["rs"]).double() - rs_exact[chunk]).abs()
+        assert bool((rs_err <= rs_bound[chunk].double()).all()), f"rank {rank}: reduce-scatter outside bound"
+        assert float(rs_err.max()) > 0, "the int8 reduce-scatter was not compressed"
 
 
 def test_options_and_device_maps_that_cannot_work_are_refused(pools):
