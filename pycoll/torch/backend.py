@@ -199,6 +199,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         """BAND / BOR / BXOR: gathers every rank's tensor and reduces them in rank order, here."""
         work, back = contiguous_for_write(tensor)
         rows = self._gathered(work, timeout)
+        if not work.numel():
+            return
         acc = rows[0].view(work.dtype).clone()
         for row in rows[1:]:
             BITWISE[op](acc, row.view(work.dtype), out=acc)
@@ -301,17 +303,26 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
         def run() -> None:
             rows = self._gathered(source, timeout)
-            for out, row in zip(outputs, rows):
-                out.copy_(row.view(out.dtype).view(out.shape))
+            if source.numel():  # (rows of no bytes have no aligned offset to view as another dtype)
+                for out, row in zip(outputs, rows):
+                    out.copy_(row.view(out.dtype).view(out.shape))
 
         return run
 
     def allgather_coalesced(
         self, output_lists: list[Tensors], input_tensors: Tensors, opts: Any = None
     ) -> TorchWork:
+        """``output_lists[r][k]`` becomes rank r's ``input_tensors[k]`` (torch's layout: per rank, per input)."""
         opts = AllgatherOptions() if opts is None else opts
         timeout = _seconds(opts)
-        runs = [self._allgather_list([outs], [t], timeout) for outs, t in zip(output_lists, input_tensors)]
+        if len(output_lists) != self._size:
+            raise InvalidUsageError(
+                f"all_gather_coalesced needs {self._size} output lists (one per rank), got {len(output_lists)}"
+            )
+        runs = [
+            self._allgather_list([[outs[k] for outs in output_lists]], [t], timeout)
+            for k, t in enumerate(input_tensors)
+        ]
         return self._start("all_gather_coalesced", _in_order(runs), [], opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
