@@ -75,7 +75,8 @@ CI_TESTS: tuple[str, ...] = (
     "test_send_recv_autograd_profiler",
     "test_isend", "test_irecv", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags",
     # barrier, groups
-    "test_barrier", "test_barrier_full_group", "test_barrier_timeout_global", "test_barrier_timeout_full_group", "test_get_rank", "test_get_rank_size_full_group",
+    "test_barrier", "test_barrier_full_group", "test_barrier_timeout_global",
+    "test_barrier_timeout_full_group", "test_get_rank", "test_get_rank_size_full_group",
     "test_destroy_group", "test_destroy_full_group",
     # DDP on CPU
     "test_DistributedDataParallelCPU", "test_DistributedDataParallelCPU_grad_is_view",
