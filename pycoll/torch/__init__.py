@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pycoll.torch.backend import BACKEND_NAME, ProcessGroupPycoll, register
 from pycoll.torch.hooks import HookState, allreduce_hook, init_from_process_group
-from pycoll.torch.launch import StoreForTorch, init_process_group
+from pycoll.torch.launch import init_process_group
 from pycoll.torch.options import Options
 from pycoll.torch.powersgd import PowerSGDState, powersgd_hook
 
@@ -33,7 +33,6 @@ __all__ = [
     "PowerSGDState",
     "ProcessGroupPycoll",
     "allreduce_hook",
-    "StoreForTorch",
     "init_from_process_group",
     "init_process_group",
     "powersgd_hook",

@@ -312,12 +312,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[Tensors], input_tensors: Tensors, opts: Any = None
     ) -> TorchWork:
-        """``output_lists[r][k]`` becomes rank r's ``input_tensors[k]`` (torch's layout: per rank, per input)."""
+        """``output_lists[r][k]`` becomes rank r's ``input_tensors[k]`` (torch's layout: rank, then input)."""
         opts = AllgatherOptions() if opts is None else opts
         timeout = _seconds(opts)
         if len(output_lists) != self._size:
             raise InvalidUsageError(
-                f"all_gather_coalesced needs {self._size} output lists (one per rank), got {len(output_lists)}"
+                f"all_gather_coalesced needs {self._size} output lists (one per rank), "
+                f"got {len(output_lists)}"
             )
         runs = [
             self._allgather_list([[outs[k] for outs in output_lists]], [t], timeout)

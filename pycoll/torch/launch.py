@@ -11,8 +11,10 @@ talk to. This function reads the launcher as ``pycoll.init()`` does (torchrun, `
 srun) and then:
 
 - under torchrun (torch's store at MASTER_PORT): plain ``dist.init_process_group(init_method="env://")``;
-- elsewhere: pycoll's rendezvous (rank 0 hosts the store unless ``pycoll run`` does; PYCOLL_SECRET
-  authenticates it), and torch gets that store through ``StoreForTorch``.
+- elsewhere: rank 0 starts a torch TCPStore on a port the kernel picks, and hands its address to the
+  other ranks through pycoll's rendezvous store (hosted by rank 0, or by ``pycoll run``; PYCOLL_SECRET
+  authenticates it). Torch's store is torch's own, with everything torch and gloo ask of one; like
+  torchrun's, it is not authenticated.
 
 Every other keyword goes to ``dist.init_process_group`` (``pg_options=``, ``device_id=``...).
 """
@@ -32,45 +34,6 @@ from pycoll.errors import InvalidUsageError
 _OWNED: list[Any] = []  # the rendezvous store (and server) this process opened, closed at exit
 
 
-class StoreForTorch(dist.Store):
-    """A pycoll store (``pycoll.bootstrap.Store``) as a ``torch.distributed.Store``.
-
-    What torch and the pycoll backend ask of a store: set, get (waiting up to the store's timeout), add,
-    wait, check, delete_key. ``compare_set`` and ``num_keys`` are not part of pycoll's store and raise
-    InvalidUsageError naming them.
-    """
-
-    def __init__(self, store: Any, timeout: timedelta) -> None:
-        super().__init__()
-        self._store = store
-        self._timeout_s = timeout.total_seconds()
-
-    def set(self, key: str, value: Any) -> None:
-        self._store.set(key, value if isinstance(value, bytes) else str(value).encode())
-
-    def get(self, key: str) -> bytes:
-        return self._store.get(key, self._timeout_s)
-
-    def add(self, key: str, amount: int) -> int:
-        return self._store.add(key, int(amount))
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else self._timeout_s
-        self._store.wait(list(keys), seconds)
-
-    def check(self, keys: list[str]) -> bool:
-        return bool(self._store.check(list(keys)))
-
-    def delete_key(self, key: str) -> bool:
-        return bool(self._store.delete(key))
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        raise InvalidUsageError("pycoll's rendezvous store has no compare_set (torch's TCPStore has)")
-
-    def num_keys(self) -> int:
-        raise InvalidUsageError("pycoll's rendezvous store does not count its keys (torch's TCPStore does)")
-
-
 def init_process_group(backend: str = "pycoll", *, timeout: timedelta | None = None, **kwargs: Any) -> None:
     """``dist.init_process_group(backend, ...)`` with the ranks, world size and store of whichever
     launcher started this process (module docstring). ``timeout``: torch's default (30 minutes) when
@@ -86,18 +49,29 @@ def init_process_group(backend: str = "pycoll", *, timeout: timedelta | None = N
     if info.torch_agent_store or (info.launcher == "torchrun" and not launcher_hosts_store()):
         dist.init_process_group(backend, init_method="env://", **args)
         return
+    dist.init_process_group(backend, store=_torch_store(info, delta), **args)
+
+
+def _torch_store(info: Any, timeout: timedelta) -> dist.TCPStore:
+    """A torch TCPStore that rank 0 hosts, its address passed on through pycoll's rendezvous store."""
+    seconds = timeout.total_seconds()
     settings = Settings.from_environ()
     store, server = rendezvous(
-        info,
-        timeout=delta.total_seconds(),
-        store_hosted_externally=launcher_hosts_store(),
-        secret=settings.secret,
+        info, timeout=seconds, store_hosted_externally=launcher_hosts_store(), secret=settings.secret
     )
     _OWNED.extend([store] if server is None else [store, server])
-    dist.init_process_group(backend, store=StoreForTorch(store, delta), **args)
+    key = f"pycoll/torch/store/{info.restart_count}"
+    if info.rank == 0:
+        tcp = dist.TCPStore(
+            info.master_addr, 0, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+        store.set(key, f"{info.master_addr}\n{tcp.port}".encode())
+        return tcp
+    host, port = store.get(key, seconds).decode().split("\n")
+    return dist.TCPStore(host, int(port), info.world_size, is_master=False, timeout=timeout)
 
 
-#: Seconds a rank hosting the store waits at exit for the other ranks to let go of it.
+#: Seconds a rank hosting pycoll's rendezvous store waits at exit for the other ranks to let go of it.
 DRAIN_S = 10.0
 
 
