@@ -12,9 +12,11 @@ The parts, by the names used below:
   PrefixStore torch hands every backend, with torch's rank, size and timeout: no second rendezvous, no
   extra port. Torch calls it from Python (``dist.all_reduce``...) and from C++ (DDP's reducer,
   functional collectives) through ``torch.distributed.ProcessGroup``'s Python trampoline.
-- **run**: each collective is validated and lowered (``tensors.py``) in the caller, then becomes one
-  function that runs pycoll's collectives on ``comm``: at once when ``async_op`` is false, else on the
-  communicator's worker thread, in call order.
+- **run**: each collective is validated in the caller, then becomes one function that lowers its
+  tensors (``tensors.py``: contiguous, wider or reinterpreted copies) and runs pycoll's collectives on
+  ``comm``: at once when ``async_op`` is false, else on the communicator's worker thread, in call
+  order. Every copy of the caller's data is made in that function, never at call time, so an
+  asynchronous op sees what the ops called before it wrote.
 - **channels**: point-to-point traffic (``p2p.py``): ``user`` channels carry send/recv, ``coll``
   channels the all-to-all, gather and scatter, so a user's message never meets a collective's.
 - **codec rule**, **residuals**: ``Options.codec_for`` says which reductions compress; error feedback
@@ -58,7 +60,15 @@ from pycoll.errors import InvalidUsageError
 from pycoll.torch.options import Options, Residuals
 from pycoll.torch.p2p import Channels, when_all
 from pycoll.torch.pg_work import TorchWork
-from pycoll.torch.tensors import BITWISE, as_bytes, check_bitwise, contiguous_for_write, lowered, reduce_op
+from pycoll.torch.tensors import (
+    BITWISE,
+    as_bytes,
+    check_bitwise,
+    check_reducible,
+    contiguous_for_write,
+    lowered,
+    reduce_op,
+)
 
 BACKEND_NAME = "pycoll"
 Tensors = list[torch.Tensor]
@@ -169,19 +179,20 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         if op in BITWISE:
             check_bitwise(tensor, op)
             return lambda: self._bitwise_allreduce(tensor, op, timeout)
-        low = lowered(tensor, op)
-        codec = self.options.codec_for(low.work, low.op) if compress else None
-        residual = None
-        if codec is not None and self.options.error_feedback:
-            residual = self._residuals.for_tensor(tensor if key is None else key, low.work.numel())
-        comm, algorithm, work = self.comm, self.options.algorithm, low.work
+        check_reducible(tensor, op)
+        comm, options = self.comm, self.options
 
         def run() -> None:
+            low = lowered(tensor, op)
+            codec = options.codec_for(low.work, low.op) if compress else None
+            residual = None
+            if codec is not None and options.error_feedback:
+                residual = self._residuals.for_tensor(tensor if key is None else key, low.work.numel())
             if factor is not None:
-                work.mul_(factor)
+                low.work.mul_(factor)
             pycoll.allreduce(
-                work, low.op, algorithm=algorithm, compression=codec, residual=residual, comm=comm,
-                timeout=timeout,
+                low.work, low.op, algorithm=options.algorithm, compression=codec, residual=residual,
+                comm=comm, timeout=timeout,
             )  # fmt: skip
             if low.back is not None:
                 low.back()
@@ -238,11 +249,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def _packed_reduction(
         self, tensors: Tensors, op: str, factor: Any, timeout: float | None
     ) -> Callable[[], None]:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        reduce = self._reduction(flat, op, factor, timeout, compress=False)
+        if op in BITWISE:
+            for t in tensors:
+                check_bitwise(t, op)
+        else:
+            for t in tensors:
+                check_reducible(t, op)
 
         def run() -> None:
-            reduce()
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            self._reduction(flat, op, factor, timeout, compress=False)()
             at = 0
             for t in tensors:
                 t.copy_(flat[at : at + t.numel()].view(t.shape))
@@ -255,8 +271,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = ReduceOptions() if opts is None else opts
         tensor = tensors[opts.rootTensor] if tensors else _one(tensors, "reduce")
         op, factor = reduce_op(opts.reduceOp)
-        target = tensor if self._rank == opts.rootRank else tensor.clone()
-        run = self._reduction(target, op, factor, _seconds(opts), compress=False)
+        timeout = _seconds(opts)
+        if self._rank == opts.rootRank:
+            run = self._reduction(tensor, op, factor, timeout, compress=False)
+        else:
+            self._reduction(tensor, op, factor, timeout, compress=False)  # (checks it, runs nothing)
+
+            def run() -> None:
+                self._reduction(tensor.clone(), op, factor, timeout, compress=False)()
+
         return self._start("reduce", run, tensors, opts)
 
     # ---- broadcast and barrier ----------------------------------------------------------------------
@@ -264,9 +287,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = BroadcastOptions() if opts is None else opts
         tensor = tensors[opts.rootTensor] if tensors else _one(tensors, "broadcast")
         root, timeout, comm = int(opts.rootRank), _seconds(opts), self.comm
-        work, back = contiguous_for_write(tensor)
 
         def run() -> None:
+            work, back = contiguous_for_write(tensor)
             pycoll.broadcast(as_bytes(work), root, comm=comm, timeout=timeout)
             if back is not None:
                 back()
@@ -299,9 +322,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"all_gather needs {self._size} output tensors of {tensor.numel()} elements each "
                 f"(the input's size), got {[o.numel() for o in outputs]}"
             )
-        source = tensor.contiguous()
 
         def run() -> None:
+            source = tensor.contiguous()
             rows = self._gathered(source, timeout)
             if source.numel():  # (rows of no bytes have no aligned offset to view as another dtype)
                 for out, row in zip(outputs, rows):
@@ -342,11 +365,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"{self._size * input.numel()} elements of {input.dtype}, "
                 f"got {output.numel()} of {output.dtype}"
             )
-        source = input.clone() if _overlap(input, output) else input.contiguous()
-        work, back = contiguous_for_write(output)
         comm = self.comm
 
         def run() -> None:
+            source = input.clone() if _overlap(input, output) else input.contiguous()
+            work, back = contiguous_for_write(output)
             pycoll.all_gather(as_bytes(source), as_bytes(work), comm=comm, timeout=timeout)
             if back is not None:
                 back()
@@ -368,13 +391,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         inputs = _one(input_lists, "reduce_scatter")
         if len(inputs) != self._size:
             raise InvalidUsageError(f"reduce_scatter needs {self._size} input tensors, got {len(inputs)}")
-        flat = torch.cat([t.reshape(-1) for t in inputs])
-        run = self._reduce_scatter(output, flat, opts, key=output)
+        run = self._reduce_scatter(output, inputs, opts, key=output)
         return self._start("reduce_scatter", run, outputs, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
         opts = ReduceScatterOptions() if opts is None else opts
-        run = self._reduce_scatter(output, input.reshape(-1), opts, key=input)
+        run = self._reduce_scatter(output, [input], opts, key=input)
         return self._start("reduce_scatter_tensor", run, [output], opts)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -383,50 +405,52 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: Tensors, inputs: Tensors, opts: Any = None
     ) -> TorchWork:
         opts = ReduceScatterOptions() if opts is None else opts
-        runs = [self._reduce_scatter(o, i.reshape(-1), opts, key=i) for o, i in zip(outputs, inputs)]
+        runs = [self._reduce_scatter(o, [i], opts, key=i) for o, i in zip(outputs, inputs)]
         return self._start("reduce_scatter_tensor_coalesced", _in_order(runs), outputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def _reduce_scatter(
-        self, output: torch.Tensor, flat: torch.Tensor, opts: Any, key: torch.Tensor
+        self, output: torch.Tensor, inputs: Tensors, opts: Any, key: torch.Tensor
     ) -> Callable[[], None]:
-        """``output`` becomes this rank's chunk of the reduction of every rank's ``flat``.
+        """``output`` becomes this rank's chunk of the reduction of every rank's ``inputs`` (concatenated).
 
         Lossless: pycoll's reduce-scatter. Compressed (the codec rule): a compressed all-reduce of a copy
-        of ``flat`` (residual keyed by ``key``'s storage), of which this rank keeps its chunk; bitwise ops
+        of the input (residual keyed by ``key``'s storage), of which this rank keeps its chunk; bitwise ops
         reduce a copy the same way, lossless."""
         op, factor = reduce_op(opts.reduceOp)
         timeout = _seconds(opts)
-        m = output.numel()
-        if flat.dtype != output.dtype or flat.numel() != m * self._size:
+        m, total = output.numel(), sum(t.numel() for t in inputs)
+        if any(t.dtype != output.dtype for t in inputs) or total != m * self._size:
             raise InvalidUsageError(
                 f"reduce_scatter needs an input of world_size * output.numel() = {m * self._size} elements "
-                f"of {output.dtype}, got {flat.numel()} of {flat.dtype}"
+                f"of {output.dtype}, got {total} of {[str(t.dtype) for t in inputs]}"
             )
+        (check_bitwise if op in BITWISE else check_reducible)(output, op)
         chunk = slice(self._rank * m, (self._rank + 1) * m)
-        if op in BITWISE or self.options.codec_for(flat, op) is not None:
-            whole = flat.clone()
-            reduce = self._reduction(whole, op, factor, timeout, key=key)
-
-            def run_whole() -> None:
-                reduce()
-                output.copy_(whole[chunk].view(output.shape))
-
-            return run_whole
-        copy = factor is not None or _overlap(flat, output)
-        source = lowered(flat.clone() if copy else flat.contiguous(), op)
-        target = lowered(output, op)
+        whole = op in BITWISE or self.options.codec_for(output, op, numel=total) is not None
         comm = self.comm
 
-        def run() -> None:
-            if factor is not None:
-                source.work.mul_(factor)
-            pycoll.reduce_scatter(source.work, target.work, target.op, comm=comm, timeout=timeout)
-            if target.back is not None:
-                target.back()
+        def flat() -> torch.Tensor:
+            return inputs[0].reshape(-1) if len(inputs) == 1 else torch.cat([t.reshape(-1) for t in inputs])
 
-        return run
+        def run_whole() -> None:
+            copy = flat().clone()
+            self._reduction(copy, op, factor, timeout, key=key)()
+            output.copy_(copy[chunk].view(output.shape))
+
+        def run() -> None:
+            source = flat()
+            if factor is not None or _overlap(source, output):
+                source = source.clone()  # scaled here, or the output lies inside it (FSDP2 does that)
+            low_in, low_out = lowered(source, op), lowered(output, op)
+            if factor is not None:
+                low_in.work.mul_(factor)
+            pycoll.reduce_scatter(low_in.work, low_out.work, low_out.op, comm=comm, timeout=timeout)
+            if low_out.back is not None:
+                low_out.back()
+
+        return run_whole if whole else run
 
     # ---- point to point -----------------------------------------------------------------------------
     def _check_peer(self, peer: int, what: str) -> int:
@@ -475,26 +499,25 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         opts = AllToAllOptions() if opts is None else opts
-        source = input.contiguous()
-        work, back = contiguous_for_write(output)
-        ins = self._splits(source, list(input_split_sizes), "input")
-        outs = self._splits(work, list(output_split_sizes), "output")
-        timeout = _seconds(opts)
+        in_sizes = self._split_sizes(input, list(input_split_sizes), "input")
+        out_sizes = self._split_sizes(output, list(output_split_sizes), "output")
+        timeout, me = _seconds(opts), self._rank
 
         def run() -> None:
-            outs[self._rank].copy_(ins[self._rank])
-            peers = [p for p in range(self._size) if p != self._rank]
+            work, back = contiguous_for_write(output)
+            ins, outs = _rows(input.contiguous(), in_sizes), _rows(work, out_sizes)
+            outs[me].copy_(ins[me])
+            peers = [p for p in range(self._size) if p != me]
             sends = {p: ins[p] for p in peers if ins[p].numel()}
             self._exchange(sends, {p: outs[p] for p in peers if outs[p].numel()}, timeout)
-            if back is not None:
-                back()
+            _write_back([(work, back)])
 
         return self._start("all_to_all_single", run, [output], opts)
 
     alltoall_base = all_to_all_single
 
-    def _splits(self, tensor: torch.Tensor, sizes: list[int], what: str) -> Tensors:
-        """``tensor`` (contiguous) cut along dim 0 into the ``sizes`` rows (equal parts when empty)."""
+    def _split_sizes(self, tensor: torch.Tensor, sizes: list[int], what: str) -> list[int]:
+        """The rows of dim 0 that go to (or come from) each rank: ``sizes``, or equal parts when empty."""
         rows = tensor.shape[0] if tensor.dim() else tensor.numel()
         if not sizes:
             if rows % self._size:
@@ -508,8 +531,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"all_to_all_single: {what} split sizes must be {self._size} non-negative numbers summing to "
                 f"the first dimension ({rows}), got {sizes}"
             )
-        flat = tensor.reshape(rows, -1) if tensor.dim() else tensor.reshape(rows, 1)
-        return list(torch.split(flat, sizes))
+        return sizes
 
     def alltoall(self, output_tensors: Tensors, input_tensors: Tensors, opts: Any = None) -> TorchWork:
         opts = AllToAllOptions() if opts is None else opts
@@ -518,66 +540,75 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"all_to_all needs {self._size} input and output tensors, "
                 f"got {len(input_tensors)} and {len(output_tensors)}"
             )
-        ins = [t.contiguous() for t in input_tensors]
-        outs = [contiguous_for_write(t) for t in output_tensors]
-        timeout = _seconds(opts)
+        timeout, me = _seconds(opts), self._rank
 
         def run() -> None:
-            outs[self._rank][0].copy_(ins[self._rank])
-            peers = [p for p in range(self._size) if p != self._rank]
+            ins = [t.contiguous() for t in input_tensors]
+            outs = [contiguous_for_write(t) for t in output_tensors]
+            outs[me][0].copy_(ins[me])
+            peers = [p for p in range(self._size) if p != me]
             self._exchange({p: ins[p] for p in peers}, {p: outs[p][0] for p in peers}, timeout)
-            for _, back in outs:
-                if back is not None:
-                    back()
+            _write_back(outs)
 
         return self._start("all_to_all", run, output_tensors, opts)
 
     def gather(self, output_tensors: list[Tensors], input_tensors: Tensors, opts: Any = None) -> TorchWork:
         opts = GatherOptions() if opts is None else opts
-        tensor, root, timeout = _one(input_tensors, "gather").contiguous(), int(opts.rootRank), _seconds(opts)
+        tensor, root, timeout = _one(input_tensors, "gather"), int(opts.rootRank), _seconds(opts)
         if self._rank != root:
-            return self._start("gather", lambda: self._exchange({root: tensor}, {}, timeout), [], opts)
+            send = lambda: self._exchange({root: tensor.contiguous()}, {}, timeout)  # noqa: E731
+            return self._start("gather", send, [], opts)
         outputs = _one(output_tensors, "gather")
         if len(outputs) != self._size:
             raise InvalidUsageError(
                 f"gather needs {self._size} output tensors on the root, got {len(outputs)}"
             )
-        outs = [contiguous_for_write(t) for t in outputs]
 
         def run() -> None:
-            outs[root][0].copy_(tensor.view(outs[root][0].shape))
+            outs = [contiguous_for_write(t) for t in outputs]
+            outs[root][0].copy_(tensor.reshape(outs[root][0].shape))
             self._exchange({}, {p: outs[p][0] for p in range(self._size) if p != root}, timeout)
-            for _, back in outs:
-                if back is not None:
-                    back()
+            _write_back(outs)
 
         return self._start("gather", run, outputs, opts)
 
     def scatter(self, output_tensors: Tensors, input_tensors: list[Tensors], opts: Any = None) -> TorchWork:
         opts = ScatterOptions() if opts is None else opts
         output, root, timeout = _one(output_tensors, "scatter"), int(opts.rootRank), _seconds(opts)
-        work, back = contiguous_for_write(output)
         if self._rank != root:
 
             def receive() -> None:
+                work, back = contiguous_for_write(output)
                 self._exchange({}, {root: work}, timeout)
-                if back is not None:
-                    back()
+                _write_back([(work, back)])
 
             return self._start("scatter", receive, output_tensors, opts)
-        inputs = [t.contiguous() for t in _one(input_tensors, "scatter")]
+        inputs = _one(input_tensors, "scatter")
         if len(inputs) != self._size:
             raise InvalidUsageError(
                 f"scatter needs {self._size} input tensors on the root, got {len(inputs)}"
             )
 
         def run() -> None:
-            work.copy_(inputs[root].view(work.shape))
-            self._exchange({p: inputs[p] for p in range(self._size) if p != root}, {}, timeout)
-            if back is not None:
-                back()
+            ins = [t.contiguous() for t in inputs]
+            output.copy_(ins[root].reshape(output.shape))
+            self._exchange({p: ins[p] for p in range(self._size) if p != root}, {}, timeout)
 
         return self._start("scatter", run, output_tensors, opts)
+
+
+def _write_back(outs: list[tuple[torch.Tensor, Callable[[], Any] | None]]) -> None:
+    """Copies each contiguous stand-in (``contiguous_for_write``) into the caller's tensor."""
+    for _, back in outs:
+        if back is not None:
+            back()
+
+
+def _rows(tensor: torch.Tensor, sizes: list[int]) -> Tensors:
+    """A contiguous ``tensor`` cut along dim 0 into parts of ``sizes`` rows (a 0-d tensor: one row)."""
+    rows = tensor.shape[0] if tensor.dim() else tensor.numel()
+    flat = tensor.reshape(rows, -1) if tensor.dim() else tensor.reshape(rows, 1)
+    return list(torch.split(flat, sizes))
 
 
 def _refuse_mixed_device_map() -> None:

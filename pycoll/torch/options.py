@@ -64,9 +64,11 @@ class Options:
         self.algorithm = algorithm
         self.max_residuals = max_residuals
 
-    def codec_for(self, tensor: torch.Tensor, op: str) -> Codec | None:
-        """The codec this reduction goes through, or None (lossless): the rule of the module docstring."""
-        if self.codec is None or op not in ("sum", "avg") or tensor.numel() < self.min_numel:
+    def codec_for(self, tensor: torch.Tensor, op: str, numel: int | None = None) -> Codec | None:
+        """The codec this reduction of ``tensor`` (or of ``numel`` elements of its dtype) goes through,
+        or None (lossless): the rule of the module docstring."""
+        n = tensor.numel() if numel is None else numel
+        if self.codec is None or op not in ("sum", "avg") or n < self.min_numel:
             return None
         return self.codec if tensor.dtype in _CODEC_DTYPES else None
 

@@ -10,6 +10,9 @@
 - **Data movement** (broadcast, gathers, all-to-all, send/recv) is lossless and moves bytes
   (``as_bytes``): any dtype torch has travels.
 - **Layouts**: a non-contiguous tensor is reduced or moved through a contiguous copy, written back after.
+- **When**: the caller's thread only checks (``check_reducible``); every copy of the caller's data is
+  made where the collective runs (``lowered``...), so an asynchronous op reads its inputs after the ops
+  called before it have written them, as it would in place.
 """
 
 from __future__ import annotations
@@ -71,25 +74,37 @@ class Lowered:
     back: Callable[[], Any] | None
 
 
-def lowered(tensor: torch.Tensor, op: str) -> Lowered:
-    """``tensor`` made reducible by pycoll with ``op`` (one of pycoll's names); see the module docstring."""
+def check_reducible(tensor: torch.Tensor, op: str) -> None:
+    """Raises InvalidUsageError now if ``lowered`` could not make ``tensor`` reducible with ``op``."""
     dtype = tensor.dtype
-    base = tensor if tensor.is_contiguous() else tensor.contiguous()
-    if dtype in _NATIVE:
-        return _through(tensor, base, base, op)
-    if dtype == torch.bool and op in _BOOL_OPS:
-        return _through(tensor, base, base.view(torch.uint8), _BOOL_OPS[op])
-    if dtype in _WIDER:
-        wide = tensor.to(_WIDER[dtype])
-        return _through(tensor, wide, wide, op)
-    if dtype == torch.uint64 and op in ("sum", "prod"):
-        return _through(tensor, base, base.view(torch.int64), op)
+    if dtype in _NATIVE or dtype in _WIDER:
+        return
+    if (dtype == torch.bool and op in _BOOL_OPS) or (dtype == torch.uint64 and op in ("sum", "prod")):
+        return
     if dtype.is_complex and op in ("sum", "avg"):
-        return _through(tensor, base, torch.view_as_real(base), op)
+        return
     raise InvalidUsageError(
         f"the pycoll backend cannot reduce a {dtype} tensor with op {op!r} (it reduces float32/64, "
         "float16, bfloat16 and int8-64/uint8-64 tensors; bool with SUM, MIN, MAX, PRODUCT; complex sums)"
     )
+
+
+def lowered(tensor: torch.Tensor, op: str) -> Lowered:
+    """``tensor`` made reducible by pycoll with ``op`` (one of pycoll's names; see the module docstring).
+    Copies the tensor where it must, so it runs where the collective does, in call order."""
+    check_reducible(tensor, op)
+    dtype = tensor.dtype
+    if dtype in _WIDER:
+        wide = tensor.to(_WIDER[dtype])
+        return _through(tensor, wide, wide, op)
+    base = tensor if tensor.is_contiguous() else tensor.contiguous()
+    if dtype == torch.bool:
+        return _through(tensor, base, base.view(torch.uint8), _BOOL_OPS[op])
+    if dtype == torch.uint64:
+        return _through(tensor, base, base.view(torch.int64), op)
+    if dtype.is_complex:
+        return _through(tensor, base, torch.view_as_real(base), op)
+    return _through(tensor, base, base, op)
 
 
 def _through(tensor: torch.Tensor, base: torch.Tensor, work: torch.Tensor, op: str) -> Lowered:

@@ -387,3 +387,23 @@ def fresh_group_failure(_comm: Any, rank: int, world: int, kind: str, path: str)
         return {"error": None}
     except Exception as e:  # noqa: BLE001
         return {"error": type(e).__name__, "message": str(e), "after_s": time.monotonic() - start}
+
+
+def async_order(_comm: Any, rank: int, world: int) -> dict[str, Any]:
+    """Asynchronous ops chained without waiting in between, on non-contiguous views (which go through
+    copies): each must see what the one before it wrote."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((1 << 18, 2), float(rank + 1))
+    w1 = dist.all_reduce(t, async_op=True)  # large: still running when the next ones are called
+    col = t[:, 1]  # a strided view: gathered through a copy
+    outs = [torch.empty(1 << 18) for _ in range(world)]
+    w2 = dist.all_gather(outs, col, async_op=True)
+    pieces = [t[j::world, 0] for j in range(world)]  # strided views, concatenated for the reduce-scatter
+    mine = torch.empty(pieces[0].numel())
+    w3 = dist.reduce_scatter(mine, pieces, async_op=True)
+    for w in (w3, w2, w1):
+        w.wait()
+    return {"gathered": [float(o.min()) for o in outs] + [float(o.max()) for o in outs],
+            "scattered": [float(mine.min()), float(mine.max())]}

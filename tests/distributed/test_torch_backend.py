@@ -158,6 +158,14 @@ def test_async_work_behaves_as_gloos(pools):
         assert got["chained"] == [4.0] * 4
 
 
+def test_async_ops_see_what_the_ops_before_them_wrote(pools):
+    world = 2
+    total = float(sum(r + 1 for r in range(world)))
+    for got in pools(world).run(tb.async_order, timeout=60):
+        assert got["gathered"] == [total] * (2 * world)  # the all-reduced values, not each rank's own
+        assert got["scattered"] == [world * total] * 2
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_lossless_results_equal_gloos_and_are_identical(pools, world):
     n = 1 << 18
