@@ -26,8 +26,8 @@ from torch.distributed import ReduceOp
 from pycoll.errors import InvalidUsageError
 
 _RED = ReduceOp.RedOpType
-_OP_NAMES = {
-    getattr(_RED, kind): name
+_OP_NAMES = {  # keyed by the enum's int value: hashing the enum itself costs a few times more per call
+    int(getattr(_RED, kind)): name
     for kind, name in [
         ("SUM", "sum"),
         ("AVG", "avg"),
@@ -40,7 +40,7 @@ _OP_NAMES = {
         ("BXOR", "bxor"),
     ]
 }
-_PREMUL_SUM = _RED.PREMUL_SUM  # type: ignore[attr-defined]
+_PREMUL_SUM = int(_RED.PREMUL_SUM)  # type: ignore[attr-defined]
 BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
 _NATIVE = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64}
 _NATIVE |= {torch.uint8, torch.int8}
@@ -52,7 +52,7 @@ _INTEGER |= {torch.uint16, torch.uint32, torch.uint64}
 
 def reduce_op(op: Any) -> tuple[str, Any]:
     """(pycoll op name or bitwise name, PREMUL_SUM's factor or None) of a torch ReduceOp."""
-    kind = getattr(op, "op", op)  # a ReduceOp, or its RedOpType
+    kind = int(getattr(op, "op", op))  # a ReduceOp, or its RedOpType
     name = _OP_NAMES.get(kind)
     if name is None:
         raise InvalidUsageError(f"the pycoll backend does not reduce with {op!r}")
@@ -92,8 +92,10 @@ def check_reducible(tensor: torch.Tensor, op: str) -> None:
 def lowered(tensor: torch.Tensor, op: str) -> Lowered:
     """``tensor`` made reducible by pycoll with ``op`` (one of pycoll's names; see the module docstring).
     Copies the tensor where it must, so it runs where the collective does, in call order."""
-    check_reducible(tensor, op)
     dtype = tensor.dtype
+    if dtype in _NATIVE and tensor.is_contiguous():
+        return Lowered(tensor, op, None)  # the common case, first
+    check_reducible(tensor, op)
     if dtype in _WIDER:
         wide = tensor.to(_WIDER[dtype])
         return _through(tensor, wide, wide, op)
