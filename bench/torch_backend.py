@@ -12,8 +12,10 @@ group over the same ranks, in the same processes.
 
 1. all-reduce (float32 sum), interleaved size by size, the order of the variants rotated from round to
    round: ``backend`` (``dist.all_reduce(t)`` on the pycoll default group), ``gloo``
-   (``dist.all_reduce(t, group=gloo)``) and ``api`` (``pycoll.allreduce(t, "sum", comm=pg.comm)``: pycoll's
-   own API on the very communicator the backend uses). Each call follows a pycoll barrier; its time is
+   (``dist.all_reduce(t, group=gloo)``), ``api`` (``pycoll.allreduce(t, "sum", comm=pg.comm)``: pycoll's
+   own API on the very communicator the backend uses) and ``int8`` (``dist.all_reduce`` on a pycoll group
+   with ``Options("int8", algorithm="direct")``, error feedback on; busbw counts the uncompressed bytes,
+   and its check is the codec's derived bound). Each call follows a pycoll barrier; its time is
    the slowest rank's; a variant's figure for a round is the median over its timed iterations (after
    ``--warmup`` untimed ones), as many as fill about ``--target-s`` seconds (at least ``--min-iters``;
    counted in the first round, kept after). The timed calls reduce zeros (the sum stays put); every
@@ -57,8 +59,8 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]
-VARIANTS = ("backend", "gloo", "api")
-LABELS = {"backend": "pycoll backend", "gloo": "gloo", "api": "pycoll API"}
+VARIANTS = ("backend", "gloo", "api", "int8")
+LABELS = {"backend": "pycoll backend", "gloo": "gloo", "api": "pycoll API", "int8": "backend int8"}
 DDP_VARIANTS = ("gloo", "pycoll", "int8")
 DDP_LABELS = {
     "gloo": "DDP over the gloo group",
@@ -217,7 +219,7 @@ def _slowest(values: list[float], gloo: Any) -> list[float]:
 # Rank side: all-reduce
 
 
-def _calls(pg: Any, gloo: Any) -> dict[str, Call]:
+def _calls(pg: Any, gloo: Any, int8: Any) -> dict[str, Call]:
     import torch.distributed as dist
 
     import pycoll
@@ -227,6 +229,7 @@ def _calls(pg: Any, gloo: Any) -> dict[str, Call]:
         "backend": lambda t: dist.all_reduce(t),
         "gloo": lambda t: dist.all_reduce(t, group=gloo),
         "api": lambda t: pycoll.allreduce(t, "sum", comm=comm),
+        "int8": lambda t: dist.all_reduce(t, group=int8),
     }
 
 
@@ -238,10 +241,19 @@ def _check_inputs(rank: int, world: int, count: int) -> tuple[torch.Tensor, torc
     return pattern + (rank + 1) / 4, pattern * world + world * (world + 1) / 8
 
 
-def _wrong(call: Call, x: torch.Tensor, expected: torch.Tensor) -> int:
+def _wrong(call: Call, x: torch.Tensor, expected: torch.Tensor, world: int, lossy: bool) -> int:
+    """Elements of the all-reduce of ``x`` that are wrong: not equal to ``expected``, or for the int8
+    group outside the codec's derived bound (pycoll.compression.bounds, every rank's closed-form input)."""
     y = x.clone()
     call(y)
-    return int((y != expected).sum())
+    if not lossy:
+        return int((y != expected).sum())
+    from pycoll.compression import Int8
+    from pycoll.compression.bounds import error_bound
+
+    inputs = [_check_inputs(r, world, x.numel())[0].numpy() for r in range(world)]
+    bound = error_bound(Int8(), "direct", inputs, y.numpy())
+    return int(((y - expected).abs().numpy() > bound).sum())
 
 
 def _timed(call: Call, t: torch.Tensor, n: int, barrier: Callable[[], None]) -> list[float]:
@@ -262,12 +274,12 @@ def _iterations(per_call_s: float, args: argparse.Namespace) -> int:
 class AllreduceBench:
     """The all-reduce part in one rank: ``run_round`` per round, then ``allreduce_table`` (rank 0)."""
 
-    def __init__(self, pg: Any, gloo: Any, args: argparse.Namespace) -> None:
+    def __init__(self, pg: Any, gloo: Any, int8: Any, args: argparse.Namespace) -> None:
         import pycoll
 
         self.pg, self.gloo, self.args = pg, gloo, args
         self.rank, self.world = pg.rank(), pg.size()
-        self.calls = _calls(pg, gloo)
+        self.calls = _calls(pg, gloo, int8)
         self.barrier = lambda: pycoll.barrier(comm=pg.comm)
         self.iters: dict[tuple[int, str], int] = {}
         self.times: dict[tuple[int, str], list[float]] = {}  # per round: slowest-rank median, seconds
@@ -278,7 +290,7 @@ class AllreduceBench:
         for size in self.args.sizes:
             x, expected = _check_inputs(self.rank, self.world, size // 4)
             for name in order:
-                wrong = _wrong(self.calls[name], x, expected)
+                wrong = _wrong(self.calls[name], x, expected, self.world, name == "int8")
                 self.wrong[size, name] = self.wrong.get((size, name), 0) + wrong
             del x, expected
             t = _zeros(size)
@@ -325,8 +337,8 @@ def allreduce_table(bench: AllreduceBench, title: str) -> list[str]:
         + " | ".join(f"{LABELS[v]} µs" for v in VARIANTS)
         + " | "
         + " | ".join(f"{LABELS[v]} busbw GB/s" for v in VARIANTS)
-        + " | backend speed / gloo | backend − API µs | iters (b/g/a) |",
-        "|---:|" + "---:|" * (2 * len(VARIANTS) + 3),
+        + " | backend speed / gloo | int8 speed / gloo | backend − API µs | iters (b/g/a/i) |",
+        "|---:|" + "---:|" * (2 * len(VARIANTS) + 4),
     ]
     overhead, speed = {}, {}
     for s in sizes:
@@ -338,7 +350,7 @@ def allreduce_table(bench: AllreduceBench, title: str) -> list[str]:
             + " | ".join(f"{1e6 * med[v]:.1f}" for v in VARIANTS)
             + " | "
             + " | ".join(f"{_busbw(s, world, med[v]):.3f}" for v in VARIANTS)
-            + f" | {speed[s]:.2f}× | {overhead[s]:+.1f} | "
+            + f" | {speed[s]:.2f}× | {_med_ratio(t[s, 'gloo'], t[s, 'int8']):.2f}× | {overhead[s]:+.1f} | "
             + "/".join(str(bench.iters[s, v]) for v in VARIANTS)
             + " |"
         )
@@ -367,7 +379,10 @@ def _check_lines(wrong: dict[tuple[int, str], int]) -> list[str]:
     bad = [f"{format_size(s)} {LABELS[v]}: {n} wrong element(s)" for (s, v), n in wrong.items() if n]
     if bad:
         return ["- CHECK FAILED: " + "; ".join(bad)]
-    return [f"- results checked: {len(wrong)} (size, variant) pairs, each once per round, all exact"]
+    return [
+        f"- results checked: {len(wrong)} (size, variant) pairs, each once per round, "
+        "all exact (int8: within its derived bound)"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -474,23 +489,30 @@ def _rank_main(args: argparse.Namespace) -> int:
     pg = dist.group.WORLD
     if not isinstance(pg, pt.ProcessGroupPycoll):
         raise RuntimeError(f"the default group is {type(pg).__name__}, not ProcessGroupPycoll")
-    ok = _allreduce_part(pg, gloo, args, _title(args, world, threads))
-    pycoll_groups = [pg]
+    ok, int8 = _allreduce_part(pg, gloo, args, _title(args, world, threads))
+    pycoll_groups = [pg, int8]
     if args.ddp:
         pycoll_groups.append(_ddp_part(pg, gloo, args))
     dist.barrier(group=gloo)
     _exit(0 if ok else 1, pycoll_groups)
 
 
-def _allreduce_part(pg: Any, gloo: Any, args: argparse.Namespace, title: str) -> bool:
-    """Runs and prints (rank 0) the all-reduce part; whether every result was right."""
-    bench = AllreduceBench(pg, gloo, args)
+def _allreduce_part(pg: Any, gloo: Any, args: argparse.Namespace, title: str) -> tuple[bool, Any]:
+    """Runs and prints (rank 0) the all-reduce part; whether every result was right, and the int8 group."""
+    import torch.distributed as dist
+
+    import pycoll.torch as pt
+
+    # Compressed (error feedback on, as in training); direct, the algorithm the bound of _wrong assumes.
+    options = pt.Options("int8", algorithm="direct")
+    int8 = dist.new_group(backend="pycoll", pg_options=options, timeout=timedelta(seconds=args.timeout))
+    bench = AllreduceBench(pg, gloo, int8, args)
     for r in range(args.rounds):
         bench.run_round(r)
     wrong = bench.wrong_total()
     if pg.rank() == 0:
         print("\n".join(allreduce_table(bench, title) + _check_lines(wrong)) + "\n", flush=True)
-    return not any(wrong.values())
+    return not any(wrong.values()), int8
 
 
 def _ddp_part(pg: Any, gloo: Any, args: argparse.Namespace) -> Any:
