@@ -9,14 +9,15 @@ group has a codec, the tensor has at least ``min_numel`` elements, its dtype is 
 float64, MIN/MAX/PRODUCT/bitwise, gathers, broadcasts, all-to-all, send/recv) stays lossless.
 
 Error feedback (``error_feedback=True``, the default with a codec): what compression lost on a tensor
-is kept in a float32 residual and added to that tensor's next all-reduce. Residuals are keyed by the
-tensor's storage (its data pointer, element offset, element count and dtype): a tensor reduced again in
-the same memory meets its own residual. DDP all-reduces each gradient bucket in the same bucket buffer
-every step, so each bucket keeps its residual (DDP rebuilds its buckets once, after the first step: the
-new buffers start from zero residuals, the old ones are dropped). FSDP2 reduce-scatters from a buffer it
-allocates each step: whether that lands at the same address again is up to the allocator, so with FSDP2
-a residual is reused only when it does; a tensor at a new address starts from zeros. At most
-``max_residuals`` residuals are kept, the least recently used dropped first.
+is kept in a float32 residual and added to that tensor's next all-reduce. A residual belongs to the
+tensor's storage (keyed by its data pointer, element offset, element count and dtype) and lives as long
+as that storage does: each entry holds a weak reference to the storage, and once the storage is freed
+its residual is dropped, so a new tensor the allocator places at the same address starts from zeros
+instead of inheriting a stranger's residual. DDP all-reduces each gradient bucket in the same bucket
+buffer every step, so each bucket keeps its residual (DDP rebuilds its buckets once, after the first
+step: the new buffers start from zeros). FSDP2 reduce-scatters from a buffer it allocates and frees
+each step, so there error feedback starts from zeros every step: it has no effect, while compression
+still applies. At most ``max_residuals`` residuals are kept, the least recently used dropped first.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections import OrderedDict
 from typing import Any, Union
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from pycoll.compression import CODEC_DTYPES, Codec, get_codec
 from pycoll.errors import InvalidUsageError
@@ -81,13 +83,14 @@ class Options:
 
 
 class Residuals:
-    """Error-feedback residuals of one process group, keyed by tensor storage, least recently used
+    """Error-feedback residuals of one process group, one per live tensor storage, least recently used
     dropped first (see the module docstring)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        self._by_key: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
+        # key -> (a weak reference to the storage it belongs to, the residual)
+        self._by_key: OrderedDict[tuple[Any, ...], tuple[StorageWeakRef, torch.Tensor]] = OrderedDict()
 
     @staticmethod
     def key(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -99,14 +102,16 @@ class Residuals:
         zeros when new."""
         key = (*self.key(tensor), numel)
         with self._lock:
-            residual = self._by_key.get(key)
-            if residual is None:
-                residual = torch.zeros(numel, dtype=torch.float32, device=tensor.device)
-                self._by_key[key] = residual
-                while len(self._by_key) > self._limit:
-                    self._by_key.popitem(last=False)
-            else:
+            entry = self._by_key.get(key)
+            if entry is not None and not entry[0].expired():
                 self._by_key.move_to_end(key)
+                return entry[1]
+            for stale in [k for k, (ref, _) in self._by_key.items() if ref.expired()]:
+                del self._by_key[stale]  # their storages are gone (one of them may be at this address)
+            residual = torch.zeros(numel, dtype=torch.float32, device=tensor.device)
+            self._by_key[key] = (StorageWeakRef(tensor.untyped_storage()), residual)
+            while len(self._by_key) > self._limit:
+                self._by_key.popitem(last=False)
             return residual
 
     def __len__(self) -> int:
