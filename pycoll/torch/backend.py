@@ -62,6 +62,7 @@ from pycoll.torch.p2p import Channels, when_all
 from pycoll.torch.pg_work import TorchWork
 from pycoll.torch.tensors import (
     BITWISE,
+    NATIVE_DTYPES,
     as_bytes,
     check_bitwise,
     check_reducible,
@@ -227,8 +228,23 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             opts.reduceOp = op_opts if isinstance(op_opts, ReduceOp) else ReduceOp(op_opts)
         tensor = _one(tensors, "all_reduce")
         op, factor = reduce_op(opts.reduceOp)
+        if not opts.asyncOp and factor is None and self._plain(tensor, op):
+            # The common synchronous case (what dist.all_reduce asks by default): a native, contiguous,
+            # uncompressed tensor goes straight to pycoll, without the run closure of the general path.
+            algorithm, timeout = self.options.algorithm, _seconds(opts)
+            pycoll.allreduce(tensor, op, algorithm=algorithm, comm=self.comm, timeout=timeout)
+            return TorchWork.finished(tensors, "all_reduce")
         run = self._reduction(tensor, op, factor, _seconds(opts))
         return self._start("all_reduce", run, tensors, opts)
+
+    def _plain(self, tensor: torch.Tensor, op: str) -> bool:
+        """Whether pycoll reduces ``tensor`` with ``op`` as it is: a native dtype, contiguous, no codec."""
+        return (
+            tensor.dtype in NATIVE_DTYPES
+            and op not in BITWISE
+            and tensor.is_contiguous()
+            and self.options.codec_for(tensor, op) is None
+        )
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> TorchWork:
         """One all-reduce per dtype for the lossless tensors (packed), one per tensor for compressed ones."""

@@ -42,8 +42,9 @@ _OP_NAMES = {  # keyed by the enum's int value: hashing the enum itself costs a 
 }
 _PREMUL_SUM = int(_RED.PREMUL_SUM)  # type: ignore[attr-defined]
 BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
-_NATIVE = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64}
-_NATIVE |= {torch.uint8, torch.int8}
+#: The dtypes pycoll reduces as they are.
+NATIVE_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+NATIVE_DTYPES |= {torch.int32, torch.int64, torch.uint8, torch.int8}
 _WIDER = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
 _BOOL_OPS = {"sum": "max", "max": "max", "min": "min", "prod": "min"}
 _INTEGER = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool}
@@ -77,7 +78,7 @@ class Lowered:
 def check_reducible(tensor: torch.Tensor, op: str) -> None:
     """Raises InvalidUsageError now if ``lowered`` could not make ``tensor`` reducible with ``op``."""
     dtype = tensor.dtype
-    if dtype in _NATIVE or dtype in _WIDER:
+    if dtype in NATIVE_DTYPES or dtype in _WIDER:
         return
     if (dtype == torch.bool and op in _BOOL_OPS) or (dtype == torch.uint64 and op in ("sum", "prod")):
         return
@@ -93,7 +94,7 @@ def lowered(tensor: torch.Tensor, op: str) -> Lowered:
     """``tensor`` made reducible by pycoll with ``op`` (one of pycoll's names; see the module docstring).
     Copies the tensor where it must, so it runs where the collective does, in call order."""
     dtype = tensor.dtype
-    if dtype in _NATIVE and tensor.is_contiguous():
+    if dtype in NATIVE_DTYPES and tensor.is_contiguous():
         return Lowered(tensor, op, None)  # the common case, first
     check_reducible(tensor, op)
     if dtype in _WIDER:
