@@ -57,6 +57,20 @@ def _example() -> Any:
     return module
 
 
+def mlp(features: int, hidden: int, layers: int) -> Any:
+    """The benchmark's model (seeded, so every rank and every variant starts from the same weights):
+    ``features`` -> ``layers`` hidden layers of ``hidden`` (ReLU) -> 10. bench/torch_backend.py uses it."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    parts: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        parts += [nn.Linear(hidden, hidden), nn.ReLU()]
+    parts.append(nn.Linear(hidden, 10))
+    return nn.Sequential(*parts)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2, help="ranks to start (without a launcher)")
@@ -109,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = pt.init_from_process_group()
 
     def make_model() -> nn.Module:
-        torch.manual_seed(0)
-        layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
-        for _ in range(args.layers - 1):
-            layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-        layers.append(nn.Linear(args.hidden, 10))
-        return nn.Sequential(*layers)
+        return mlp(args.features, args.hidden, args.layers)
 
     runs: dict[str, tuple[DDP, torch.optim.Optimizer]] = {}
     for name in hooks:

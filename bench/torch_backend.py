@@ -390,15 +390,11 @@ def _check_lines(wrong: dict[tuple[int, str], int]) -> list[str]:
 
 
 def _mlp(args: argparse.Namespace) -> Any:
-    import torch
-    from torch import nn
+    """The MLP of bench/ddp_hooks.py."""
+    sys.path.insert(0, str(HERE.parent))
+    from ddp_hooks import mlp
 
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
-    for _ in range(args.layers - 1):
-        layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-    layers.append(nn.Linear(args.hidden, 10))
-    return nn.Sequential(*layers)
+    return mlp(args.features, args.hidden, args.layers)
 
 
 class DdpBench:

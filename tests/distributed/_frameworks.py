@@ -120,11 +120,18 @@ def _batch(rank: int, step: int, n: int = 32, features: int = 16, out: int = 4) 
 # ---- a. plain DDP ------------------------------------------------------------------------------------
 def _ddp_run(group: Any, rank: int, steps: int) -> tuple[bytes, list[float]]:
     import torch
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(_mlp(), process_group=group)  # DDP's default all-reduce, no comm hook
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = _train(model, opt, rank, steps)
+    return _flat(model.module.parameters()), losses
+
+
+def _train(model: Any, opt: Any, rank: int, steps: int) -> list[float]:
+    """``steps`` steps of MSE regression on this rank's batches; the loss of each."""
+    import torch.nn.functional as F
+
     losses = []
     for step in range(steps):
         x, y = _batch(rank, step)
@@ -133,7 +140,7 @@ def _ddp_run(group: Any, rank: int, steps: int) -> tuple[bytes, list[float]]:
         loss.backward()
         opt.step()
         losses.append(float(loss))
-    return _flat(model.module.parameters()), losses
+    return losses
 
 
 def ddp_parity(comm: Any, rank: int, world: int, backend: str, steps: int = 5) -> dict[str, Any]:
@@ -152,7 +159,6 @@ def ddp_parity(comm: Any, rank: int, world: int, backend: str, steps: int = 5) -
 # ---- b. FSDP2 ----------------------------------------------------------------------------------------
 def _fsdp_run(group: Any, rank: int, steps: int) -> tuple[list[float], bytes]:
     import torch
-    import torch.nn.functional as F
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -163,14 +169,7 @@ def _fsdp_run(group: Any, rank: int, steps: int) -> tuple[list[float], bytes]:
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(steps):
-        x, y = _batch(rank, step)
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
+    losses = _train(model, opt, rank, steps)
     full = [p.full_tensor() for p in model.parameters()]  # an all-gather over the group
     return losses, _flat(full)
 
