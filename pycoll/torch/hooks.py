@@ -20,6 +20,7 @@ import pycoll
 from pycoll.comm import Communicator
 from pycoll.compression import CODEC_DTYPES, Codec, get_codec
 from pycoll.errors import InvalidUsageError
+from pycoll.torch.backend import ProcessGroupPycoll
 
 _TORCH_CODEC_DTYPES = {getattr(torch, name) for name in CODEC_DTYPES}
 _group_counter: dict[tuple[int, ...], itertools.count] = {}
@@ -32,7 +33,8 @@ def init_from_process_group(
     when None), formed through torch's own store: no second rendezvous, no extra ports.
 
     Every rank of the group must call it (the same number of times per group). ``set_default`` makes
-    it the communicator pycoll's collectives use when ``comm=`` is omitted.
+    it the communicator pycoll's collectives use when ``comm=`` is omitted. A group of the "pycoll"
+    backend already has a communicator: without ``set_default`` that one is returned.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidUsageError(
@@ -41,6 +43,8 @@ def init_from_process_group(
     from torch.distributed import distributed_c10d as c10d
 
     group = process_group if process_group is not None else c10d._get_default_group()
+    if isinstance(group, ProcessGroupPycoll) and not set_default:
+        return group.comm  # a "pycoll" group already has its communicator: no second one
     ranks = tuple(dist.get_process_group_ranks(group))
     # Keys unique to this group and to this call for the group, identical on every member.
     call = next(_group_counter.setdefault(ranks, itertools.count()))

@@ -227,6 +227,9 @@ def async_work(_comm: Any, rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    import pycoll.torch as pt
+
+    assert pt.init_from_process_group() is dist.group.WORLD.comm  # the hooks reuse the group's communicator
     t = torch.full((1 << 16,), float(rank + 1))
     work = dist.all_reduce(t, async_op=True)
     fut = work.get_future()
