@@ -19,8 +19,11 @@ from pycoll.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     CommunicatorBrokenError,
+    CommunicatorRevokedError,
+    EvictedError,
     InvalidUsageError,
     NcclError,
+    PeerFailedError,
     PeerLostError,
     PycollError,
 )
@@ -55,10 +58,13 @@ __all__ = [
     "PycollError",
     "CollectiveTimeoutError",
     "PeerLostError",
+    "PeerFailedError",
     "CollectiveMismatchError",
     "InvalidUsageError",
     "NcclError",
     "CommunicatorBrokenError",
+    "CommunicatorRevokedError",
+    "EvictedError",
     "nccl_version",
 ]
 

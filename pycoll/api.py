@@ -55,6 +55,8 @@ def init(
     store: Any = None,
     timeout: float | None = None,
     set_default: bool = True,
+    fault_tolerance: bool | None = None,
+    join: str | None = None,
 ) -> Communicator:
     """Forms a communicator and (by default) makes it the one collectives use when ``comm`` is omitted.
 
@@ -64,14 +66,27 @@ def init(
     ``timeout`` (seconds) bounds set-up and is the default deadline of every collective
     (PYCOLL_TIMEOUT, else 300 s). With PYCOLL_SECRET set, every connection to the rendezvous store
     pycoll forms must prove it holds that secret (a ``store=`` you pass is used as it is).
+
+    ``fault_tolerance`` (default PYCOLL_FAULT_TOLERANCE, on): give the communicator a control plane, so that
+    it can ``revoke``, ``agree``, ``shrink`` and ``grow`` and finds a stopped rank within
+    PYCOLL_HEARTBEAT_TIMEOUT. ``join="host:port"`` (a member's ``comm.join_address``; several,
+    comma-separated; or a file listing them): instead of starting a job, ask a running one to admit this
+    process; it returns once the members' ``comm.grow()`` has given it the next rank.
     """
-    global _default
     settings = Settings.from_environ()
     _configure_logging(settings)
     timeout = settings.timeout_s if timeout is None else float(timeout)
     if timeout <= 0:
         raise InvalidUsageError(f"timeout must be > 0 seconds, got {timeout}")
     owned: tuple[Any, ...] = ()
+    if join is not None:
+        from pycoll.comm import host_id
+        from pycoll.fault.membership import join as join_job
+
+        if store is not None or rank is not None or world_size is not None:
+            raise InvalidUsageError("init(join=...) takes no store, rank or world_size: the job assigns them")
+        comm = join_job(Communicator, join, settings, timeout, host_id(settings))
+        return _make_default(comm) if set_default else comm
     if store is not None:
         if rank is None or world_size is None:
             info = detect_launch()
@@ -116,18 +131,36 @@ def init(
         owned = (store,) if server is None else (store, server)
     try:
         comm = Communicator(
-            store, int(rank), int(world_size), timeout=timeout, settings=settings, owned=owned
+            store,
+            int(rank),
+            int(world_size),
+            timeout=timeout,
+            settings=settings,
+            owned=owned,
+            fault_tolerance=fault_tolerance,
         )
     except BaseException:
         for obj in owned:
             obj.close()
         raise
-    if set_default:
-        with _default_lock:
-            if _default is not None:
-                _default.finalize()
-            _default = comm
+    return _make_default(comm) if set_default else comm
+
+
+def _make_default(comm: Communicator) -> Communicator:
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.finalize()
+        _default = comm
+    comm._replaced.append(_follow)
     return comm
+
+
+def _follow(new: Communicator) -> None:
+    """The default communicator was shrunk or grown: ``new`` is the default now."""
+    global _default
+    with _default_lock:
+        _default = new
 
 
 def finalize(comm: Communicator | None = None) -> None:

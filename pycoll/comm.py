@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 from pycoll import _C, auto
 from pycoll.algorithms import build_plan
@@ -24,10 +24,22 @@ from pycoll.algorithms.grouped import lower_to_groups
 from pycoll.algorithms.plan import Plan
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
+from pycoll.bootstrap.failfast import LINGER_S, FailFastStore
 from pycoll.bootstrap.net import interface_address, reachable_address
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
 from pycoll.env import Settings, rendezvous_secret, usable_cpus
-from pycoll.errors import CommunicatorBrokenError, InvalidUsageError, PycollError
+from pycoll.errors import (
+    CommunicatorBrokenError,
+    CommunicatorRevokedError,
+    EvictedError,
+    InvalidUsageError,
+    PeerLostError,
+    PycollError,
+)
+from pycoll.fault import membership
+from pycoll.fault.agreement import Decision
+from pycoll.fault.membership import Joiners, initial_plane
+from pycoll.fault.plane import Plane
 from pycoll.tuning import Model
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
 
@@ -77,6 +89,28 @@ def _hosts_text(hosts: list[str]) -> str:
     return "; ".join(parts)
 
 
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def _failing_fast(init: _Init) -> _Init:
+    """``Communicator.__init__``, which, when it raises once the communicator's store exists, tells the
+    other ranks through it, so that they stop waiting for this one (pycoll/bootstrap/failfast.py). A rank
+    hosting the store keeps it up briefly for them to read that."""
+
+    @functools.wraps(init)
+    def wrapper(self: Communicator, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException as exc:
+            watched = self.__dict__.get("_store")
+            if isinstance(watched, FailFastStore):
+                hosting = any(isinstance(obj, TCPStoreServer) for obj in self._owned)
+                watched.announce(exc, self.world_size, linger=LINGER_S if hosting else 0.0)
+            raise
+
+    return cast(_Init, wrapper)
+
+
 class Communicator:
     """Ranks 0..world_size-1 of one job, connected over shared memory (one host) or TCP (several hosts).
 
@@ -85,6 +119,7 @@ class Communicator:
     CommunicatorBrokenError; create a new one to go on.
     """
 
+    @_failing_fast
     def __init__(
         self,
         store: Store,
@@ -94,6 +129,11 @@ class Communicator:
         timeout: float,
         settings: Settings,
         owned: tuple[Any, ...] = (),
+        fault_tolerance: bool | None = None,
+        plane: Plane | None = None,
+        epoch: int = 0,
+        parent_ranks: tuple[int, ...] | None = None,
+        addresses: tuple[str, str] | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise InvalidUsageError(f"rank must be in 0..{world_size - 1}, got {rank}")
@@ -106,7 +146,12 @@ class Communicator:
         # not per process: ranks that made different numbers of communicators elsewhere (on other
         # groups' stores) still agree on it.
         n = store.add(f"pycoll/communicators/{rank}", 1)
-        self._store: Store = PrefixStore(store, f"pycoll/comm{n}")
+        # On a rendezvous store, its waits end early, naming the rank, when a peer's set-up fails (see
+        # _failing_fast); a control plane's store (shrink, grow) ends them itself when a member is lost.
+        prefixed = PrefixStore(store, f"pycoll/comm{n}")
+        self._store: Store = (
+            prefixed if plane is not None else FailFastStore(prefixed, "failure", rank=rank, timeout=timeout)
+        )
         self._plans: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._async: ThreadPoolExecutor | None = None
@@ -119,6 +164,18 @@ class Communicator:
         #: NCCL) instead of fragment by fragment: slower, and meant for the tests that check those programs.
         self.grouped_on_cpu = False
         self._gpu: GpuSide | None = None
+        #: The membership generation: 0 for a communicator made by ``pycoll.init``, one more for each
+        #: shrink or grow it came from.
+        self.epoch = epoch
+        #: For each rank, its rank in the communicator this one was shrunk or grown from (-1: a process
+        #: that joined); ``range(world_size)`` for one made by ``pycoll.init``.
+        self.parent_ranks: tuple[int, ...] = (
+            parent_ranks if parent_ranks is not None else tuple(range(world_size))
+        )
+        self._plane: Plane | None = plane
+        self._native: _C.NativeCommunicator | None = None
+        self._replaced: list[Callable[[Communicator], None]] = []
+        self.joiners = Joiners()
 
         # Which ranks share a host (and so shared memory): every rank publishes its host id.
         self._store.set(f"host/{rank}", host_id(settings).encode())
@@ -150,14 +207,29 @@ class Communicator:
                 "same value on all of them"
             )
 
+        #: (address this rank listens on for TCP, address it tells the other ranks)
+        self.addresses = addresses if addresses is not None else self._tcp_addresses()
+        if plane is None and (settings.fault_tolerance if fault_tolerance is None else fault_tolerance):
+            self._plane = initial_plane(
+                self._store, rank, world_size, self.hosts[rank], self.addresses, settings, timeout
+            )
+        try:
+            self._form_native(settings, timeout)
+        except BaseException:
+            if self._plane is not None:
+                self._plane.close()
+            raise
+        if self._plane is not None:
+            self._plane.add_listener(self._on_plane_event)
+            self._plane.listener.admit_joins(self.joiners.take)
+
+    def _form_native(self, settings: Settings, timeout: float) -> None:
+        rank, world_size = self.rank, self.world_size
         spin, yield_us = auto.wait_policy(settings, self.local_world_size, self.transport, usable_cpus())
         slot_bytes = settings.slot_bytes_for(world_size)
         local = [h == self.hosts[rank] for h in self.hosts] if self.transport == "mixed" else []
-        if self.transport in ("tcp", "mixed"):
-            bind, advertised = self._tcp_addresses()
-        else:
-            bind = advertised = ""
-        self._native: _C.NativeCommunicator | None = _C.NativeCommunicator(
+        bind, advertised = self.addresses if self.transport in ("tcp", "mixed") else ("", "")
+        self._native = _C.NativeCommunicator(
             rank,
             world_size,
             slot_bytes,
@@ -404,6 +476,9 @@ class Communicator:
     def check_usable(self) -> None:
         if self._closed:
             raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+        plane = self._plane
+        if plane is not None and (plane.evicted is not None or plane.revoked is not None):
+            raise self._plane_error()
         if self._broken is not None:
             raise CommunicatorBrokenError(
                 f"this communicator failed earlier and cannot be used any more "
@@ -456,11 +531,19 @@ class Communicator:
                 )
             )
         except PycollError as e:
-            if not isinstance(e, InvalidUsageError):
-                self._broken = e
+            if isinstance(e, InvalidUsageError):
+                raise
+            self._broken = e
+            if self._plane is not None:
+                self._plane.settle()  # an eviction or revocation already on its way explains the error
+                plane = self._plane
+                if plane.evicted is not None or plane.revoked is not None or plane.dead:
+                    raise self._plane_error() from e
             raise
         except BaseException as e:  # KeyboardInterrupt mid-collective: the peers were told, this is over
             self._broken = e
+            if self._plane is not None:
+                self._plane.revoke(f"rank {self.rank} was interrupted ({type(e).__name__})")
             raise
 
     def gpu(self) -> GpuSide:
@@ -530,6 +613,100 @@ class Communicator:
     def _note_worker(self) -> None:
         self._worker_ident = threading.get_ident()
 
+    # ---- fault tolerance (pycoll/fault/) -----------------------------------------------------------
+    def plane_required(self) -> Plane:
+        if self._plane is None:
+            raise InvalidUsageError(
+                "this communicator has no control plane (it was made with fault_tolerance=False or "
+                "PYCOLL_FAULT_TOLERANCE=0), so it cannot revoke, agree, shrink or grow"
+            )
+        return self._plane
+
+    def _on_plane_event(self, kind: str, rank: int, why: str) -> None:
+        """The control plane found a member dead, or the communicator revoked, or this rank evicted: every
+        pending and later collective on this rank must raise."""
+        native = self._native
+        if native is None:
+            return
+        if kind == "dead":
+            native.abort(2, f"rank {rank} is lost: {why}")
+        else:
+            native.abort(6, f"the communicator was revoked ({why})")
+        if self._gpu is not None:
+            self._gpu.fail(self._plane_error())
+
+    def _plane_error(self) -> PycollError:
+        """What a collective on a revoked communicator raises: EvictedError on an evicted rank, the loss
+        that caused it (PeerLostError), or CommunicatorRevokedError."""
+        plane = self._plane
+        assert plane is not None
+        if plane.evicted is not None:
+            return EvictedError(
+                f"rank {self.rank} was evicted from its communicator ({plane.evicted}); the other ranks went "
+                "on without it. A new process may join the job (pycoll.init(join=...))"
+            )
+        if plane.dead:
+            r, why = min(plane.dead.items())
+            return PeerLostError(
+                f"rank {r} of the communicator is lost ({why}); the communicator was revoked on every rank: "
+                "call comm.shrink() to go on with the survivors",
+                rank=r,
+            )
+        return CommunicatorRevokedError(
+            f"the communicator was revoked ({plane.revoked}); call comm.shrink() to make a new one"
+        )
+
+    def revoke(self, why: str | None = None) -> None:
+        """Revokes this communicator on every rank: every pending and later collective raises
+        (CommunicatorRevokedError, or the PeerLostError that caused it). Local and idempotent; any thread."""
+        why = why or f"revoked by rank {self.rank}"
+        if self._plane is not None:
+            self._plane.revoke(why)
+        elif self._native is not None:
+            self._native.abort(6, f"the communicator was revoked ({why})")
+        if self._broken is None:
+            self._broken = CommunicatorRevokedError(why)
+
+    def agree(self, flag: bool, timeout: float | None = None) -> tuple[bool, frozenset[int]]:
+        """A fault-tolerant AND of ``flag`` over the live ranks, and the ranks found dead: the same pair on
+        every survivor. Works on a broken or revoked communicator; every rank must call it."""
+        d: Decision = self.plane_required().agreements.agree(
+            bool(flag), None, self.timeout if timeout is None else timeout
+        )
+        return d.flag, d.dead
+
+    def shrink(self, timeout: float | None = None) -> Communicator:
+        """The survivors' communicator: revokes this one, agrees on which ranks are dead (no list from the
+        caller), and returns a new communicator of the others with contiguous ranks (old order), epoch + 1,
+        ``parent_ranks`` and the same settings. Call it on every surviving rank, after any error; this
+        communicator is finalized. On a rank the others found dead it raises EvictedError."""
+        return membership.shrink(self, self.timeout if timeout is None else timeout)
+
+    def grow(
+        self, timeout: float | None = None, *, min_joiners: int = 1, max_joiners: int | None = None
+    ) -> Communicator:
+        """Admits the processes that asked to join (``pycoll.init(join=...)``), waiting up to ``timeout``
+        for at least ``min_joiners``: they get the next ranks in a new communicator (epoch + 1), returned
+        here on every member. Atomic: if a joiner or member fails half-way it raises and this communicator
+        stays usable. ``max_joiners``: admit at most this many (the others wait for a later grow)."""
+        if min_joiners < 1:
+            raise InvalidUsageError(f"min_joiners must be >= 1, got {min_joiners}")
+        return membership.grow(self, self.timeout if timeout is None else timeout, min_joiners, max_joiners)
+
+    @property
+    def join_address(self) -> str:
+        """Where a new process asks to join (``pycoll.init(join=comm.join_address)``): this rank's control
+        socket, "host:port"."""
+        return self.plane_required().listener.address
+
+    def replaced_by(self, new: Communicator) -> None:
+        """A shrink or grow made ``new`` out of this one: whoever followed this one (the default
+        communicator of ``pycoll.api``) follows ``new``, and this one is finalized."""
+        for fn in self._replaced:
+            fn(new)
+            new._replaced.append(fn)
+        self.finalize()
+
     # ---- teardown ----------------------------------------------------------------------------------
     def _wait_for_ranks_if_hosting(self, counter: str, seconds: float) -> None:
         """When this rank hosts the store, wait (at most ``seconds``) until every rank has added 1 to
@@ -554,6 +731,10 @@ class Communicator:
             self._gpu.close()
             self._gpu = None
         self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
+        if self._plane is not None:
+            if self._plane.listener.join_handler() == self.joiners.take:
+                self._plane.listener.admit_joins(None)
+            self._plane.close()
         if self._broken is None:
             # This rank hosts the store: do not pull it from under ranks still finishing set-up.
             self._wait_for_ranks_if_hosting("past_setup", min(self.timeout, 10.0))

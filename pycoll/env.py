@@ -50,6 +50,9 @@ from typing import Mapping
 from pycoll.errors import InvalidUsageError
 
 DEFAULT_TIMEOUT_S = 300.0
+# Silence after which the control plane takes a rank for dead (it evicts it). A killed rank is found at
+# once (its sockets close); this bounds a stopped or hung one. torchft's heartbeat timeout is 5 s too.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 MAX_SLOT_BYTES = 128 * 1024
 MIN_SLOT_BYTES = 16 * 1024
 RING_BYTES_PER_RANK = 8 << 20
@@ -79,6 +82,11 @@ class Settings:
     transport: str = "auto"
     host_id: str | None = None  # None: hostname + boot id (pycoll.comm.host_id)
     socket_ifname: str | None = None  # None: listen on every interface
+    #: PYCOLL_FAULT_TOLERANCE: give communicators a control plane (revoke / agree / shrink / grow, and a
+    #: heartbeat that finds a stopped or hung rank); "0" leaves it out.
+    fault_tolerance: bool = True
+    #: PYCOLL_HEARTBEAT_TIMEOUT: seconds of silence after which a rank is taken for dead and evicted.
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     #: PYCOLL_SECRET as bytes (None: unset); kept out of repr so it is never printed or logged.
     secret: bytes | None = field(default=None, repr=False)
 
@@ -147,7 +155,22 @@ class Settings:
             yield_us=yield_us,
             stream_bytes=int(number("PYCOLL_STREAM_BYTES", STREAM_OFF, int, 0)),
             secret=rendezvous_secret(env),
+            fault_tolerance=_flag(env, "PYCOLL_FAULT_TOLERANCE", True),
+            heartbeat_timeout_s=float(
+                number("PYCOLL_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, float, 0.05)
+            ),
         )
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise InvalidUsageError(f"{name} must be 0 or 1, got {raw!r}")
 
 
 MAX_HOST_ID_CHARS = 255

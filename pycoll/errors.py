@@ -23,6 +23,17 @@ class PeerLostError(PycollError):
         self.rank = rank
 
 
+class PeerFailedError(PeerLostError):
+    """A peer's own set-up (``pycoll.init``, rendezvous) failed, and it said so through the rendezvous
+    store, while this rank waited for it. ``.rank`` is that peer; ``.error_type`` and ``.error_message``
+    are its error's class name and text, which the message also gives."""
+
+    def __init__(self, message: str, rank: int = -1, error_type: str = "", error_message: str = "") -> None:
+        super().__init__(message, rank)
+        self.error_type = error_type
+        self.error_message = error_message
+
+
 class CollectiveMismatchError(PycollError):
     """Ranks called the same collective with different arguments (count, dtype, op, algorithm...)."""
 
@@ -39,12 +50,25 @@ class CommunicatorBrokenError(PycollError):
     """An earlier collective on this communicator failed; it cannot be used any more."""
 
 
+class CommunicatorRevokedError(CommunicatorBrokenError):
+    """The communicator was revoked (``comm.revoke()`` on some rank, or a lost peer): every pending and
+    later collective raises this. ``comm.shrink()`` makes a new communicator of the ranks still alive."""
+
+
+class EvictedError(CommunicatorRevokedError):
+    """The other ranks went on without this one (they found it dead: killed, stopped or cut off for longer
+    than the heartbeat timeout). It cannot rejoin that communicator; a new process may join the job."""
+
+
 __all__ = [
     "PycollError",
     "CollectiveTimeoutError",
     "PeerLostError",
+    "PeerFailedError",
     "CollectiveMismatchError",
     "InvalidUsageError",
     "NcclError",
     "CommunicatorBrokenError",
+    "CommunicatorRevokedError",
+    "EvictedError",
 ]

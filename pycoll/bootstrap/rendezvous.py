@@ -19,6 +19,9 @@ file (mpirun / srun on one host without MASTER_PORT)
 
 Every way ends with a check that all ranks agree on the world size and a barrier, so ``rendezvous``
 returns only when the whole job is there, and a rank that never comes is named in the timeout error.
+A rank whose rendezvous fails once it has the store (a mismatched world size, Ctrl-C) says so there, and
+the ranks waiting for it raise PeerFailedError naming it at once (``failfast.py``). A rank's n-th
+rendezvous on a store keeps its keys under ``pycoll/rdzv/<n>/``, so a later one starts clean.
 
 With a ``secret`` (PYCOLL_SECRET, passed in by ``pycoll.init``) every pycoll store connection, and the
 store rank 0 hosts, authenticate with it: a rank with another secret, or none, fails at once with
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from pycoll.bootstrap.env import LaunchInfo
+from pycoll.bootstrap.failfast import LINGER_S, FailFastStore
 from pycoll.bootstrap.store import (
     DEFAULT_TIMEOUT,
     PrefixStore,
@@ -248,6 +252,7 @@ def rendezvous(
     rank, world = info.rank, info.world_size
     server: TCPStoreServer | None = None
     store: TCPStoreClient | PrefixStore | None = None
+    watched: FailFastStore | None = None  # the store, its waits ended by a peer's failure report
     rdzv_file: tuple[str, str] | None = None  # (path, content) while rank 0's file exists
 
     def remaining() -> float:
@@ -329,12 +334,16 @@ def rendezvous(
             else:
                 store = _connect_via_file(info, path, deadline, timeout, secret)
 
-        world_key = f"{RDZV_PREFIX}/world_size"
+        # This rank's n-th rendezvous on this store: its keys, failure reports included, are its own.
+        n = store.add(f"{RDZV_PREFIX}/count/{rank}", 1)
+        attempt = f"{RDZV_PREFIX}/{n}"
+        watched = FailFastStore(store, f"{attempt}/failure", rank=rank, timeout=timeout, what="rendezvous")
+        world_key = f"{attempt}/world_size"
         if rank == 0:
             store.set(world_key, str(world).encode())
         else:
             try:
-                world0 = int(store.get(world_key, remaining()))
+                world0 = int(watched.get(world_key, remaining()))
             except CollectiveTimeoutError as exc:
                 raise CollectiveTimeoutError(
                     f"rendezvous timed out on rank {rank}: rank 0 has not joined the store at "
@@ -346,11 +355,13 @@ def rendezvous(
                     f"{world0}; every rank must be launched with the same world size"
                 )
         if wait_for_all:
-            store_barrier(store, f"{RDZV_PREFIX}/join", rank, world, remaining(), what="rendezvous")
+            store_barrier(watched, f"{attempt}/join", rank, world, remaining(), what="rendezvous")
             if rdzv_file is not None:
                 _remove_if_ours(*rdzv_file)
         return store, server
-    except BaseException:
+    except BaseException as exc:
+        if watched is not None:  # tell the others; a rank hosting the store keeps it up for them to read
+            watched.announce(exc, world, linger=LINGER_S if server is not None else 0.0)
         if store is not None:
             store.close()
         if server is not None:

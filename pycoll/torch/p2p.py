@@ -35,6 +35,7 @@ class Channel:
     def _communicator(self) -> Communicator:
         if self._comm is None:
             self._comm = pycoll.init(
+                fault_tolerance=False,
                 store=self._store, rank=self._my_rank, world_size=2, timeout=self._timeout, set_default=False
             )
         return self._comm

@@ -40,6 +40,7 @@ from pycoll.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     InvalidUsageError,
+    PeerFailedError,
     PeerLostError,
 )
 
@@ -732,7 +733,9 @@ def test_rendezvous_world_size_mismatch(server):
     results = run_threads([lambda: join(0, 2), lambda: join(1, 3)])
     assert isinstance(results[1], CollectiveMismatchError), results
     assert "world size 3" in str(results[1]) and "2" in str(results[1])
-    assert isinstance(results[0], CollectiveTimeoutError)  # rank 0 then waits for a rank 1 that left
+    # Rank 0 was waiting for rank 1, which said why it left (pycoll/bootstrap/failfast.py).
+    assert isinstance(results[0], PeerFailedError) and results[0].rank == 1, results
+    assert "rank 1 failed during rendezvous (CollectiveMismatchError: " in str(results[0])
 
 
 def test_rendezvous_usage_errors(tmp_path):

@@ -314,4 +314,9 @@ class TCPStoreClient:
                 raise PeerLostError(
                     f"rendezvous store at {self.address} sent a malformed reply ({exc})", rank=0
                 ) from None
+            except BaseException:
+                # Interrupted mid-request (KeyboardInterrupt): its reply may still come and would be read
+                # as the answer to the next request. Drop the connection; the next request reconnects.
+                self._disconnect()
+                raise
             return status, reply

@@ -1,0 +1,397 @@
+"""Membership changes of a communicator: the plane formed at start-up, shrink (the survivors go on after
+a loss), grow (processes that asked to join get the next ranks), and the joining process's side.
+
+The parts, named once:
+
+- **old** / **new**: the communicator the change starts from and the one it makes (epoch + 1).
+- **decision**: an agreement on old's plane (pycoll/fault/agreement.py): for a shrink, who is dead; for a
+  grow, which joiners every member holds. Its payloads carry a random **nonce** from every survivor; the
+  new plane's token is a hash of them, so a process left out of the decision cannot reach the new plane.
+- **build**: forming new's plane, then new itself (its shared memory and TCP connections, set up through
+  the new plane's store, pycoll/fault/kvstore.py, not the job's rendezvous store, which may have died
+  with rank 0).
+- **commit**: a second agreement on old's plane on whether every survivor's build succeeded (and no one
+  was lost meanwhile). Committed: new is returned and old is finalized. Not committed: new is dropped;
+  a shrink tries again with what it has learned, a grow raises and old stays usable (atomic).
+- **joiner**: a process that dialled a member's control socket with ``join``; that member, its
+  **holder**, tells it its rank and the new plane (``assign``), then ``commit`` or ``abort``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from pycoll.errors import (
+    CollectiveTimeoutError,
+    CommunicatorBrokenError,
+    InvalidUsageError,
+    PeerLostError,
+    PycollError,
+)
+from pycoll.fault import wire
+from pycoll.fault.kvstore import PlaneStore
+from pycoll.fault.listener import ControlListener, dial, listener_for
+from pycoll.fault.plane import Plane, form
+
+if TYPE_CHECKING:
+    from pycoll.bootstrap import Store
+    from pycoll.comm import Communicator
+    from pycoll.env import Settings
+
+log = logging.getLogger("pycoll")
+
+
+def member_info(listener: ControlListener, host: str) -> dict[str, Any]:
+    return {"address": listener.address, "host": host, "pid": os.getpid()}
+
+
+def initial_plane(
+    store: Store,
+    rank: int,
+    world: int,
+    host: str,
+    addresses: tuple[str, str],
+    settings: Settings,
+    timeout: float,
+) -> Plane:
+    """The control plane of a communicator formed through the job's store (``pycoll.init``)."""
+    listener = listener_for(addresses[0], addresses[1], settings.secret)
+    if rank == 0:
+        store.set(
+            "control/plane", json.dumps({"id": secrets.token_hex(8), "token": secrets.token_hex(16)}).encode()
+        )
+    plane = json.loads(store.get("control/plane", timeout))
+    store.set(f"control/{rank}", json.dumps(member_info(listener, host)).encode())
+    members = [json.loads(store.get(f"control/{r}", timeout)) for r in range(world)]
+    deadline = time.monotonic() + timeout
+    return form(
+        listener,
+        rank,
+        world,
+        members,
+        f"{plane['id']}/e0",
+        plane["token"],
+        settings.heartbeat_timeout_s,
+        deadline,
+    )
+
+
+def _new_plane_id(plane: Plane, decision_payloads: dict[int, Any], epoch: int) -> tuple[str, str]:
+    nonces = "".join(str(decision_payloads[r]["nonce"]) for r in sorted(decision_payloads))
+    base = plane.id.split("/")[0]
+    token = hashlib.sha256(f"{plane.token}/{epoch}/{nonces}".encode()).hexdigest()[:32]
+    return f"{base}/e{epoch}.{hashlib.sha256(nonces.encode()).hexdigest()[:8]}", token
+
+
+def _build(
+    old: Communicator,
+    members: list[dict[str, Any]],
+    rank: int,
+    plane_id: str,
+    token: str,
+    parent_ranks: tuple[int, ...],
+    deadline: float,
+    gone: Any,
+) -> Communicator:
+    settings = old.settings
+    plane = form(
+        old.plane_required().listener,
+        rank,
+        len(members),
+        members,
+        plane_id,
+        token,
+        settings.heartbeat_timeout_s,
+        deadline,
+        gone,
+    )
+    try:
+        return type(old)(
+            PlaneStore(plane, max(0.1, deadline - time.monotonic())),
+            rank,
+            len(members),
+            timeout=old.timeout,
+            settings=settings,
+            plane=plane,
+            epoch=old.epoch + 1,
+            parent_ranks=parent_ranks,
+            addresses=old.addresses,
+        )
+    except BaseException:
+        plane.close()
+        raise
+
+
+def _commit(old: Communicator, new: Communicator | None, survivors: list[int], left: float) -> bool:
+    """The commit agreement: True when every survivor built ``new`` and none of them was lost."""
+    plane = old.plane_required()
+    d = plane.agreements.agree(new is not None, None, left)
+    ok = d.flag and not (d.dead & set(survivors))
+    if not ok and new is not None:
+        new.finalize()
+    return ok
+
+
+def shrink(old: Communicator, timeout: float) -> Communicator:
+    plane = old.plane_required()
+    plane.raise_if_evicted()
+    old.revoke(f"rank {old.rank} is shrinking the communicator")
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CollectiveTimeoutError(f"shrink on rank {old.rank} did not complete within {timeout:.1f} s")
+        d = plane.agreements.agree(True, {"nonce": secrets.token_hex(8)}, left)
+        plane.raise_if_evicted()
+        survivors = sorted(d.payloads)
+        epoch = old.epoch + 1
+        plane_id, token = _new_plane_id(plane, d.payloads, epoch)
+        members = [plane.members[r] for r in survivors]
+        new: Communicator | None = None
+        try:
+            new = _build(
+                old,
+                members,
+                survivors.index(plane.rank),
+                plane_id,
+                token,
+                tuple(survivors),
+                deadline,
+                lambda r, alive=tuple(survivors): plane.dead.get(alive[r]),
+            )
+        except PycollError as exc:
+            log.info("rank %d: shrink attempt failed (%s); trying again", old.rank, exc)
+        if _commit(old, new, survivors, max(0.1, deadline - time.monotonic())):
+            assert new is not None
+            log.info(
+                "rank %d: shrunk from %d to %d ranks (epoch %d; lost %s)",
+                old.rank,
+                old.world_size,
+                new.world_size,
+                new.epoch,
+                sorted(d.dead),
+            )
+            old.replaced_by(new)
+            return new
+
+
+# ---- grow ------------------------------------------------------------------------------------------
+class Joiners:
+    """The join requests a member holds (the process's listener hands them to the newest plane)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[str, tuple[socket.socket, dict[str, Any]]] = {}
+
+    def take(self, sock: socket.socket, hello: dict[str, Any]) -> bool:
+        with self.lock:
+            self.held[str(hello["id"])] = (sock, hello)
+        return True
+
+    def alive(self) -> list[dict[str, Any]]:
+        """The requests whose process is still there (a closed socket drops its request)."""
+        out = []
+        with self.lock:
+            for jid, (sock, hello) in list(self.held.items()):
+                if _closed(sock):
+                    sock.close()
+                    del self.held[jid]
+                else:
+                    out.append({k: hello[k] for k in ("id", "host", "pid", "address")})
+        return out
+
+    def send(self, jid: str, msg: dict[str, Any]) -> bool:
+        with self.lock:
+            got = self.held.get(jid)
+        if got is None:
+            return False
+        try:
+            got[0].sendall(wire.encode(msg))
+            return True
+        except OSError:
+            return False
+
+    def gone(self, jid: str) -> bool:
+        with self.lock:
+            got = self.held.get(jid)
+        return got is None or _closed(got[0])
+
+    def release(self, jid: str) -> None:
+        with self.lock:
+            got = self.held.pop(jid, None)
+        if got is not None:
+            got[0].close()
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer closed ``sock`` (a joiner sends nothing after its request, so anything readable
+    is its end of file)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def grow(old: Communicator, timeout: float, min_joiners: int, max_joiners: int | None = None) -> Communicator:
+    plane = old.plane_required()
+    old.check_usable()
+    joiners_here = old.joiners
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CollectiveTimeoutError(
+                f"grow on rank {old.rank}: fewer than {min_joiners} process(es) asked to join within "
+                f"{timeout:.1f} s"
+            )
+        d = plane.agreements.agree(
+            True, {"nonce": secrets.token_hex(8), "joiners": joiners_here.alive()}, left
+        )
+        if d.dead:
+            raise CommunicatorBrokenError(
+                f"rank(s) {sorted(d.dead)} are lost: shrink the communicator first, then grow"
+            )
+        joiners = [(r, j) for r in sorted(d.payloads) for j in d.payloads[r]["joiners"]][:max_joiners]
+        if len(joiners) >= min_joiners:
+            break
+        time.sleep(0.02)
+    world = old.world_size
+    epoch = old.epoch + 1
+    plane_id, token = _new_plane_id(plane, d.payloads, epoch)
+    members = list(plane.members) + [{k: j[k] for k in ("address", "host", "pid")} for _, j in joiners]
+    mine = [(world + i, j) for i, (holder, j) in enumerate(joiners) if holder == old.rank]
+    for new_rank, j in mine:
+        joiners_here.send(
+            j["id"],
+            {
+                "t": "assign",
+                "plane": plane_id,
+                "token": token,
+                "rank": new_rank,
+                "members": members,
+                "epoch": epoch,
+                "timeout": old.timeout,
+                "deadline_s": max(0.1, deadline - time.monotonic()),
+            },
+        )
+
+    def gone(r: int) -> str | None:
+        if r < world:
+            return plane.dead.get(r)
+        holder, j = joiners[r - world]
+        return "the joining process went away" if holder == old.rank and joiners_here.gone(j["id"]) else None
+
+    new: Communicator | None = None
+    try:
+        new = _build(old, members, old.rank, plane_id, token, tuple(range(world)), deadline, gone)
+    except PycollError as exc:
+        log.warning("rank %d: grow failed (%s); the communicator stays as it was", old.rank, exc)
+    ok = _commit(old, new, list(range(world)), max(0.1, deadline - time.monotonic()))
+    for _, j in mine:
+        joiners_here.send(j["id"], {"t": "commit" if ok else "abort"})
+        joiners_here.release(j["id"])
+    if not ok:
+        old.check_usable()
+        raise PeerLostError(
+            f"grow on rank {old.rank}: a joining process or a member failed while the communicator was being "
+            "formed; the communicator is unchanged"
+        )
+    assert new is not None
+    new.parent_ranks = tuple(range(world)) + (-1,) * len(joiners)
+    log.info("rank %d: grew from %d to %d ranks (epoch %d)", old.rank, world, new.world_size, new.epoch)
+    old.replaced_by(new)
+    return new
+
+
+def join(
+    make: type[Communicator], address: str, settings: Settings, timeout: float, host: str
+) -> Communicator:
+    """The joining process: asks a member at ``address`` (or one of several, comma-separated, or a file
+    listing them) to be admitted, then takes part in the members' grow. ``make``: the Communicator class
+    (passed in, so that this module never imports pycoll.comm, which imports it)."""
+    deadline = time.monotonic() + timeout
+    candidates = _join_addresses(address)
+    last: Exception | None = None
+    for target in candidates:
+        local = target.startswith("127.") or target.startswith("localhost")
+        bind, advertise = ("127.0.0.1", "127.0.0.1") if local else ("0.0.0.0", _route_to(target))
+        listener = listener_for(bind, advertise, settings.secret)
+        jid = secrets.token_hex(8)
+        hello = {"t": "join", "id": jid, "host": host, "pid": os.getpid(), "address": listener.address}
+        try:
+            sock = dial(target, hello, deadline, (jid, listener.address), settings.secret)
+        except PeerLostError as exc:
+            last = exc
+            continue
+        try:
+            assign = wire.recv_frame(sock, deadline, f"the member at {target}")
+            if assign.get("t") != "assign":
+                raise InvalidUsageError(
+                    f"the member at {target} refused to admit this process: {assign.get('why')}"
+                )
+            members = assign["members"]
+            rank = int(assign["rank"])
+            plane = form(
+                listener,
+                rank,
+                len(members),
+                members,
+                assign["plane"],
+                assign["token"],
+                settings.heartbeat_timeout_s,
+                deadline,
+            )
+            try:
+                comm = make(
+                    PlaneStore(plane, max(0.1, deadline - time.monotonic())),
+                    rank,
+                    len(members),
+                    timeout=float(assign["timeout"]),
+                    settings=settings,
+                    plane=plane,
+                    epoch=int(assign["epoch"]),
+                    parent_ranks=tuple(range(rank)) + (-1,) * (len(members) - rank),
+                    addresses=(bind, advertise),
+                )
+            except BaseException:
+                plane.close()
+                raise
+            verdict = wire.recv_frame(sock, deadline, f"the member at {target}")
+            if verdict.get("t") != "commit":
+                comm.finalize()
+                raise PeerLostError(
+                    "the job did not admit this process: a member or joiner failed during the grow"
+                )
+            return comm
+        finally:
+            sock.close()
+    raise PeerLostError(f"no member of the job answered at {', '.join(candidates)} ({last})")
+
+
+def _join_addresses(spec: str) -> list[str]:
+    if os.path.isfile(spec):
+        with open(spec) as f:
+            spec = ",".join(line.strip() for line in f if line.strip())
+    out = [a.strip() for a in spec.split(",") if a.strip()]
+    if not out or any(":" not in a for a in out):
+        raise InvalidUsageError(
+            f"join= must be host:port (or several, comma-separated, or a file of them), got {spec!r}"
+        )
+    return out
+
+
+def _route_to(address: str) -> str:
+    host = address.rpartition(":")[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((socket.gethostbyname(host), 9))
+        return str(sock.getsockname()[0])

@@ -1,0 +1,354 @@
+"""A communicator's control plane: a full mesh of small TCP connections beside the data transport, with
+a failure detector, revocation, eviction, and the messages agreement and membership changes need.
+
+The parts, named once and used by these names below:
+
+- **members**: ranks 0..world-1 of this plane, each with its control ``address``, ``host`` and ``pid``.
+- **link**: the one connection between this rank and a member; all frames to and from it.
+- **detector**: a member is *dead* once its link closes (the kernel closes a killed process's sockets at
+  once), once it was silent for ``heartbeat_timeout`` seconds (stopped, hung, cut off), or once another
+  member reports it dead. Every link carries a heartbeat every ``heartbeat_timeout / 10`` seconds. A
+  member found dead by silence may still be alive: it is *evicted* (sent ``evict`` before its link is
+  closed), so "dead" is final and the same on every member eventually. A member that sends ``bye``
+  (finalize) has *left*: not a failure. When this process itself was stopped (the loop saw a gap longer
+  than half the timeout), silence is not counted for that gap.
+- **revoke**: local, idempotent; broadcast to every live member, who revoke too. Revoking or finding a
+  member dead calls the plane's *listeners* (the communicator aborts its native transport with them, so
+  every pending and later collective raises).
+- **epoch**: a plane's id names its communicator and epoch; a link is accepted only with the plane's
+  token, so a process from an older epoch can never reach a newer plane (fencing).
+
+Agreement (pycoll/fault/agreement.py) and the plane's key-value store (pycoll/fault/kvstore.py) run on
+the messages the plane hands them, under the plane's lock; the plane's thread never blocks on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import selectors
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from pycoll.errors import EvictedError, PeerLostError
+from pycoll.fault import wire
+from pycoll.fault.listener import ControlListener
+
+log = logging.getLogger("pycoll")
+
+Listener = Callable[[str, int, str], None]  # (kind: "dead" | "revoked" | "evicted", rank, why)
+
+
+class Plane:
+    """One rank's end of a formed control plane (``form`` makes one)."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        plane_id: str,
+        token: str,
+        links: dict[int, socket.socket],
+        members: list[dict[str, Any]],
+        listener: ControlListener,
+        heartbeat_timeout: float,
+    ) -> None:
+        from pycoll.fault.agreement import Agreements
+        from pycoll.fault.kvstore import KvServer
+
+        self.rank, self.world, self.id, self.token = rank, world, plane_id, token
+        self.members = members
+        self.listener = listener
+        self.heartbeat_timeout = heartbeat_timeout
+        self._interval = max(0.01, heartbeat_timeout / 10)
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
+        self._links = links
+        self._send_locks = {r: threading.Lock() for r in links}
+        self._inbuf = {r: bytearray() for r in links}
+        now = time.monotonic()
+        self._heard = dict.fromkeys(links, now)
+        self._sent = dict.fromkeys(links, now)
+        #: Dead members and why (final).
+        self.dead: dict[int, str] = {}
+        #: Members that left cleanly (finalize).
+        self.left: set[int] = set()
+        self.revoked: str | None = None
+        self.evicted: str | None = None
+        self._listeners: list[Listener] = []
+        self.agreements = Agreements(self)
+        self.kv = KvServer(self)
+        self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._thread = threading.Thread(target=self._loop, name=f"pycoll-control-{rank}", daemon=True)
+        self._thread.start()
+
+    # ---- what the rest of pycoll asks --------------------------------------------------------------
+    def add_listener(self, fn: Listener) -> None:
+        with self.lock:
+            self._listeners.append(fn)
+            pending = [("dead", r, why) for r, why in self.dead.items()]
+            if self.revoked is not None:
+                pending.append(("revoked", -1, self.revoked))
+        for kind, r, why in pending:
+            fn(kind, r, why)
+
+    def live(self) -> list[int]:
+        """Members neither dead nor left, this rank included, in rank order."""
+        with self.lock:
+            return [r for r in range(self.world) if r not in self.dead and r not in self.left]
+
+    def send(self, peer: int, msg: dict[str, Any]) -> bool:
+        """Sends to one member; False if its link is gone (it is then found dead)."""
+        sock = self._links.get(peer)
+        if sock is None or peer in self.dead or peer in self.left:
+            return False
+        data = wire.encode(msg)
+        try:
+            with self._send_locks[peer]:
+                sock.sendall(data)
+        except OSError as exc:
+            self.found_dead(peer, f"its control link failed ({exc})")
+            return False
+        self._sent[peer] = time.monotonic()
+        return True
+
+    def broadcast(self, msg: dict[str, Any], skip: tuple[int, ...] = ()) -> None:
+        for r in list(self._links):
+            if r not in skip:
+                self.send(r, msg)
+
+    def raise_if_evicted(self) -> None:
+        if self.evicted is not None:
+            raise EvictedError(
+                f"rank {self.rank} was evicted from its communicator ({self.evicted}); the other ranks "
+                "went on without it. Start a new process (pycoll.init(join=...)) to take part again"
+            )
+
+    def settle(self, timeout: float = 0.2) -> None:
+        """Returns once the plane's thread has read what already arrived (so that an ``evict`` waiting in a
+        link is seen before an error is reported), or after ``timeout``."""
+        if threading.current_thread() is self._thread:
+            return
+        with self.cv:
+            target = self._rounds + 2
+            self._wake()
+            deadline = time.monotonic() + timeout
+            while self._rounds < target and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cv.wait(left)
+
+    # ---- failures ----------------------------------------------------------------------------------
+    def found_dead(self, peer: int, why: str, *, tell: bool = True) -> None:
+        """Marks ``peer`` dead (once): evicts it, tells the other members, calls the listeners."""
+        with self.cv:
+            if peer == self.rank or peer in self.dead or peer in self.left or not 0 <= peer < self.world:
+                return
+            self.dead[peer] = why
+            sock = self._links.get(peer)
+            self.cv.notify_all()
+        log.warning("pycoll: rank %d of plane %s: rank %d is lost (%s)", self.rank, self.id, peer, why)
+        if sock is not None:
+            try:
+                with self._send_locks[peer]:
+                    sock.settimeout(0.2)
+                    sock.sendall(wire.encode({"t": "evict", "why": f"rank {self.rank} found it lost: {why}"}))
+            except OSError:
+                pass
+            self._drop(peer)
+        if tell:
+            self.broadcast({"t": "lost", "rank": peer, "why": why})
+        self._notify("dead", peer, why)
+        with self.cv:
+            self.agreements.changed()
+
+    def revoke(self, why: str) -> None:
+        """Revokes the communicator on every member (idempotent, any thread)."""
+        with self.cv:
+            if self.revoked is not None:
+                return
+            self.revoked = why
+            self.cv.notify_all()
+        self.broadcast({"t": "revoke", "why": why})
+        self._notify("revoked", -1, why)
+
+    def _notify(self, kind: str, rank: int, why: str) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(kind, rank, why)
+            except Exception:  # noqa: BLE001 - a listener's failure must not stop the detector
+                log.debug("control-plane listener failed", exc_info=True)
+
+    # ---- the plane's thread ------------------------------------------------------------------------
+    _rounds = 0
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, -1)
+        for r, sock in self._links.items():
+            sock.settimeout(2.0)  # sends to a stopped peer give up (and find it dead) after this
+            sel.register(sock, selectors.EVENT_READ, r)
+        self._selector = sel
+        last = time.monotonic()
+        while not self._closed:
+            events = sel.select(self._interval)
+            now = time.monotonic()
+            if now - last > self.heartbeat_timeout / 2:
+                # This process was stopped (or starved): the silence it saw is its own, not its peers'.
+                self._heard = dict.fromkeys(self._heard, now)
+            last = now
+            for key, _ in events:
+                if key.data == -1:
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:
+                        pass
+                else:
+                    self._read(key.data)
+            self._heartbeat(now)
+            with self.cv:
+                self._rounds += 1
+                self.cv.notify_all()
+        sel.close()
+
+    def _read(self, peer: int) -> None:
+        sock = self._links.get(peer)
+        if sock is None:
+            return
+        try:
+            chunk = sock.recv(1 << 16)
+        except (BlockingIOError, socket.timeout):
+            return
+        except OSError as exc:
+            chunk, err = b"", str(exc)
+        else:
+            err = "its control link closed: the process exited or was killed"
+        if not chunk:
+            self._drop(peer)
+            if peer not in self.left:
+                self.found_dead(peer, err)
+            return
+        self._heard[peer] = time.monotonic()
+        buf = self._inbuf[peer]
+        buf += chunk
+        try:
+            frames = wire.decode_frames(buf)
+        except ValueError as exc:
+            self.found_dead(peer, f"it sent a malformed control frame ({exc})")
+            return
+        for msg in frames:
+            self._handle(peer, msg)
+
+    def _handle(self, peer: int, msg: dict[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "h":
+            return
+        if kind == "bye":
+            with self.cv:
+                self.left.add(peer)
+                self.agreements.changed()
+                self.cv.notify_all()
+            self._drop(peer)
+            return
+        if kind == "lost":
+            self.found_dead(int(msg["rank"]), f"{msg.get('why')}, reported by rank {peer}")
+            return
+        if kind == "revoke":
+            self.revoke(str(msg.get("why")))
+            return
+        if kind == "evict":
+            with self.cv:
+                self.evicted = str(msg.get("why"))
+                self.cv.notify_all()
+            self._notify("evicted", self.rank, self.evicted)
+            self.revoke(f"rank {self.rank} was evicted")
+            return
+        with self.cv:
+            if kind in ("p", "q", "r", "d"):
+                self.agreements.on_message(peer, msg)
+            elif kind in ("kv", "kvr"):
+                self.kv.on_message(peer, msg)
+
+    def _heartbeat(self, now: float) -> None:
+        for r in list(self._links):
+            if now - self._sent.get(r, 0.0) >= self._interval:
+                self.send(r, {"t": "h"})
+            if r in self._links and now - self._heard.get(r, now) > self.heartbeat_timeout:
+                self.found_dead(r, f"it was silent for {now - self._heard[r]:.1f} s (stopped or hung)")
+
+    def _drop(self, peer: int) -> None:
+        sock = self._links.pop(peer, None)
+        if sock is None:
+            return
+        sel = getattr(self, "_selector", None)
+        if sel is not None:
+            try:
+                sel.unregister(sock)
+            except (KeyError, ValueError, OSError):
+                pass
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+    # ---- teardown ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leaves the plane: tells the members (``bye``, so leaving is not a failure) and closes."""
+        if self._closed:
+            return
+        self.broadcast({"t": "bye"})
+        self._closed = True
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+        for r in list(self._links):
+            self._drop(r)
+        self._wake_r.close()
+        self._wake_w.close()
+        with self.cv:
+            self.cv.notify_all()
+
+
+def form(
+    listener: ControlListener,
+    rank: int,
+    world: int,
+    members: list[dict[str, Any]],
+    plane_id: str,
+    token: str,
+    heartbeat_timeout: float,
+    deadline: float,
+    gone: Callable[[int], str | None] = lambda r: None,
+) -> Plane:
+    """Forms the mesh: dials every member below ``rank``, waits for those above to dial in.
+    ``gone(r)`` says why member r will never come (known dead), or None."""
+    links: dict[int, socket.socket] = {}
+    try:
+        for r in range(rank):
+            fields = (plane_id, rank, r, token)
+            hello = {"t": "hello", "plane": plane_id, "rank": rank, "to": r, "token": token}
+            try:
+                links[r] = listener.hello(members[r]["address"], hello, deadline, fields)
+            except PeerLostError as exc:
+                raise PeerLostError(
+                    f"rank {r} of the new communicator cannot be reached: {exc}", rank=r
+                ) from None
+        for r in range(rank + 1, world):
+            links[r] = listener.claim(plane_id, r, rank, token, deadline, functools.partial(gone, r))
+    except BaseException:
+        for sock in links.values():
+            sock.close()
+        listener.forget(plane_id)
+        raise
+    return Plane(rank, world, plane_id, token, links, members, listener, heartbeat_timeout)

@@ -1,0 +1,88 @@
+"""The control plane's wire: frames of a 4-byte big-endian length and a JSON object, and the HMAC proof a
+connection gives when the job has a secret (PYCOLL_SECRET).
+
+JSON, not pickle: a frame from a stranger (a process that dialled a listener) is data, never code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import struct
+import time
+from typing import Any
+
+from pycoll.errors import PeerLostError
+
+#: The largest frame accepted; a control message is a few hundred bytes, a kv value at most a few KiB.
+MAX_FRAME = 4 << 20
+_LEN = struct.Struct(">I")
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    return _LEN.pack(len(body)) + body
+
+
+def decode_frames(buf: bytearray) -> list[dict[str, Any]]:
+    """Takes every complete frame off the front of ``buf``. Raises ValueError on a malformed frame."""
+    out = []
+    while len(buf) >= 4:
+        (n,) = _LEN.unpack_from(buf)
+        if n > MAX_FRAME:
+            raise ValueError(f"control frame of {n} bytes (at most {MAX_FRAME})")
+        if len(buf) < 4 + n:
+            break
+        msg = json.loads(bytes(buf[4 : 4 + n]))
+        del buf[: 4 + n]
+        if not isinstance(msg, dict):
+            raise ValueError("control frame is not a JSON object")
+        out.append(msg)
+    return out
+
+
+def recv_frame(sock: socket.socket, deadline: float, what: str) -> dict[str, Any]:
+    """One frame, read exactly (nothing past it), before ``deadline`` (time.monotonic())."""
+    head = _recv_exact(sock, 4, deadline, what)
+    (n,) = _LEN.unpack(head)
+    if n > MAX_FRAME:
+        raise PeerLostError(f"{what}: frame of {n} bytes (at most {MAX_FRAME})")
+    msg = json.loads(_recv_exact(sock, n, deadline, what))
+    if not isinstance(msg, dict):
+        raise PeerLostError(f"{what}: not a control frame")
+    return msg
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PeerLostError(f"{what}: no answer in time")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(chunks))
+        except (socket.timeout, TimeoutError):
+            raise PeerLostError(f"{what}: no answer in time") from None
+        except OSError as exc:
+            raise PeerLostError(f"{what}: {exc}") from None
+        if not chunk:
+            raise PeerLostError(f"{what}: the connection was closed")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def proof(secret: bytes | None, challenge: str, *fields: object) -> str:
+    """HMAC-SHA256 over the listener's challenge and the hello's fields ('' without a secret)."""
+    if secret is None:
+        return ""
+    text = "\0".join([challenge, *map(str, fields)]).encode()
+    return hmac.new(secret, b"pycoll control\0" + text, hashlib.sha256).hexdigest()
+
+
+def proof_ok(secret: bytes | None, given: object, challenge: str, *fields: object) -> bool:
+    if secret is None:
+        return True
+    return isinstance(given, str) and hmac.compare_digest(given, proof(secret, challenge, *fields))
