@@ -26,9 +26,10 @@ inherit the variable; every node's launcher must be given the same one).
 Failure handling: SIGINT/SIGTERM/SIGHUP received by the launcher are forwarded to every rank (a second
 one kills them). When a rank exits non-zero or is killed by a signal, the launcher sends the others
 SIGTERM, then SIGKILL after ``--grace-period`` seconds, prints which rank failed and how, and exits
-non-zero: with the failed rank's exit code, or 128 + the signal number. Each rank runs in its own
-process group (its subprocesses are signalled with it) with stdin from /dev/null, and dies with the
-launcher (Linux parent-death signal) should the launcher itself be killed.
+non-zero: with the failed rank's exit code, or 128 + the signal number (with ``--elastic`` the others go
+on, for programs that shrink their communicator, and the launcher exits 0 if any rank does). Each rank
+runs in its own process group (its subprocesses are signalled with it) with stdin from /dev/null, and dies
+with the launcher (Linux parent-death signal) should the launcher itself be killed.
 
 With several nodes this holds per node: a launcher stops only the ranks of its own node. The ranks of
 the other nodes learn of it through pycoll itself: their next collective with a rank that is gone fails
@@ -120,6 +121,12 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)",
     )
     parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="a rank that fails does not stop the others (for programs that shrink their communicator, "
+        "e.g. with pycoll.elastic.run); exit 0 when at least one rank exits 0",
+    )
+    parser.add_argument(
         "-m",
         "--module",
         action="store_true",
@@ -201,6 +208,7 @@ def run_command(args: argparse.Namespace) -> int:
         node_rank=args.node_rank,
         tag_output=args.tag_output,
         grace_period=args.grace_period,
+        elastic=args.elastic,
     )
 
 
@@ -321,6 +329,7 @@ def launch(
     node_rank: int = 0,
     tag_output: bool = False,
     grace_period: float = 5.0,
+    elastic: bool = False,
     env: Mapping[str, str] | None = None,
     stdout: IO[bytes] | None = None,
     stderr: IO[bytes] | None = None,
@@ -330,7 +339,8 @@ def launch(
 
     Returns 0 when every rank exits 0; otherwise the failed rank's exit code (128 + signal number when
     it was killed), or 128 + the signal number when the launcher itself was signalled. ``stdout`` and
-    ``stderr`` (binary streams) receive the ranks' output when ``tag_output`` is set.
+    ``stderr`` (binary streams) receive the ranks' output when ``tag_output`` is set. With ``elastic`` a
+    failed rank is reported and the others go on; the result is 0 when at least one rank exits 0.
     """
     base_env = os.environ if env is None else env
     out = stdout if stdout is not None else sys.stdout.buffer
@@ -404,7 +414,7 @@ def launch(
                 t = threading.Thread(target=_pump, args=(src, dst, prefix, lock), daemon=True)
                 t.start()
                 r.pumps.append(t)
-        code = _supervise(ranks, received, grace_period, cmd, prog)
+        code = _supervise(ranks, received, grace_period, cmd, prog, elastic)
         if server is not None and nnodes > 1 and code == 0:
             _drain(server, received, prog)
         return code
@@ -442,7 +452,12 @@ def _drain(server: TCPStoreServer, received: list[int], prog: str) -> None:
 
 
 def _supervise(
-    ranks: list[_Rank], received: list[int], grace_period: float, cmd: Sequence[str], prog: str = _PROG
+    ranks: list[_Rank],
+    received: list[int],
+    grace_period: float,
+    cmd: Sequence[str],
+    prog: str = _PROG,
+    elastic: bool = False,
 ) -> int:
     failed: list[_Rank] = []  # ranks that failed on their own, in the order noticed
     kill_at: float | None = None
@@ -456,7 +471,12 @@ def _supervise(
                 alive += 1
             elif was_running and rc != 0 and not r.stopped_by_launcher and not received:
                 failed.append(r)
-                if len(failed) == 1:
+                if elastic:
+                    _say(
+                        f"rank {r.rank} (pid {r.pid}) failed: {_describe(rc)}; the others go on (--elastic)",
+                        prog,
+                    )
+                elif len(failed) == 1:
                     others = [o for o in ranks if o.proc.poll() is None]
                     what = f"rank {r.rank} (pid {r.pid}) failed: {_describe(rc)}"
                     _say(f"{what}; stopping the other {len(others)} rank(s)" if others else what, prog)
@@ -484,6 +504,8 @@ def _supervise(
             kill_at = None
         time.sleep(_POLL_INTERVAL)
 
+    if failed and elastic and any(r.proc.returncode == 0 for r in ranks):
+        return 0
     if failed:
         first = failed[0]
         rc = first.proc.returncode or 0
