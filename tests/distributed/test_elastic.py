@@ -1,0 +1,103 @@
+"""pycoll.elastic.run under scripted kills and joins: the final parameters equal a replay of the same
+membership changes bit for bit on every rank (the joiners' too), every step is committed exactly once,
+and the steps after a commit are redone after a loss (tests/distributed/_elastic.py has the model)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _elastic import N, body, replay
+from harness import RankExited, run_ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def expected_worlds(
+    steps: int, world: int, commit_every: int, kills: dict[int, int], joins: list[int]
+) -> dict:
+    """The world size of each step under the loop's rules: a kill at step S rolls back to the commit at
+    or before S; a join requested during step J lands at the next commit after J."""
+    events = [((S // commit_every) * commit_every, -1) for S in kills] + [
+        (((J // commit_every) + 1) * commit_every, +1) for J in joins
+    ]
+    out, w = {}, world
+    for s in range(steps):
+        w += sum(d for at, d in events if at == s)
+        out[s] = w
+    return out
+
+
+CASES = {
+    "one kill, commit every step": (4, 12, 1, {5: 2}, []),
+    "kill mid-interval, commit every 4": (4, 14, 4, {6: 1}, []),
+    "rank 0 killed, then a join": (4, 16, 2, {3: 0}, [8]),
+    "two kills and a join": (5, 18, 3, {4: 4, 10: 1}, [13]),
+}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_elastic_loop_matches_replay(case, transport, monkeypatch):
+    world, steps, every, kills, joins = CASES[case]
+    if transport == "tcp":
+        monkeypatch.setenv("PYCOLL_TRANSPORT", "tcp")
+    results = run_ranks(world, body, steps, every, kills, joins, timeout=120, allow_exit=True)
+    killed = {r for r, res in enumerate(results) if isinstance(res, RankExited)}
+    assert killed == set(kills.values())
+    alive = [res for res in results if not isinstance(res, RankExited)]
+    want_worlds = expected_worlds(steps, world, every, kills, joins)
+    want = replay(steps, want_worlds).tobytes()
+    for res in alive:
+        assert res["world_by_step"] == want_worlds  # every step committed once, with the scripted world
+        assert res["p"] == want  # bit for bit: the replay of the same membership changes
+        assert res["final_world"] == world - len(kills) + len(joins)
+    for joined in alive[0]["joined"]:
+        assert joined == want  # the joiner got the state and ended in step with the others
+    # A kill at step S redoes the steps since the commit before S; a rank that was still finishing the
+    # step before S when the loss was found redoes one step fewer.
+    most = sum(S - (S // every) * every for S in kills)
+    assert all(0 <= res["redone"] <= most for res in alive)
+    kinds = [c[0] for c in alive[0]["changes"]]
+    assert kinds.count("shrink") == len(kills) and kinds.count("grow") == len(joins)
+
+
+def test_expected_worlds_rules():
+    assert expected_worlds(6, 4, 2, {3: 1}, []) == {0: 4, 1: 4, 2: 3, 3: 3, 4: 3, 5: 3}
+    assert expected_worlds(6, 3, 2, {}, [2]) == {0: 3, 1: 3, 2: 3, 3: 3, 4: 4, 5: 4}
+    assert replay(2, {0: 1, 1: 2})[0] == -np.float32((1 + 0) / 1024 + (2 + 2 + 1) / 1024)
+    assert N > 0
+
+
+def test_example_trains_through_kills_and_a_join():
+    """examples/elastic_train.py under `pycoll run --elastic`: a kill, a replacement, another kill; every
+    surviving rank prints the same weights."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pycoll.cli.main",
+        "run",
+        "--elastic",
+        "-n",
+        "3",
+        "examples/elastic_train.py",
+        "--steps",
+        "80",
+        "--kill",
+        "1@12",
+        "--join",
+        "10",
+        "--kill",
+        "2@72",
+        "--step-ms",
+        "50",
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stdout + out.stderr
+    finals = [line for line in out.stdout.splitlines() if "weights" in line]
+    assert len(finals) == 2, out.stdout + out.stderr
+    assert len({line.split("weights ")[1].split(",")[0] for line in finals}) == 1
+    assert "shrink 3 -> 2" in out.stdout and "grow 2 -> 3" in out.stdout and "shrink 3 -> 2" in out.stdout
