@@ -15,7 +15,8 @@ The parts, named once:
   already holds (if any) and *promises* to ignore decisions of lower ballots from then on. If any answer
   holds a decision, the new coordinator sends that one (a dead coordinator may have reached some members
   before it died: they must not be contradicted); otherwise it decides as above. Rank 0 never needs a
-  query: no ballot is lower than its own.
+  query: no ballot is lower than its own. A member that holds a decision and becomes coordinator (the
+  coordinator that sent it died) sends that decision on.
 
 Why all survivors get the same decision: only coordinators decide, a coordinator of ballot b decides
 only after every live member promised b, and a member that promised b rejects every decision of a ballot
@@ -71,6 +72,7 @@ class Agreements:
         self.promised: dict[int, int] = {}
         self.replies: dict[int, dict[int, dict[str, Any]]] = {}
         self.queried: set[int] = set()
+        self.announced: set[int] = set()  # agreements whose decision this member sent as coordinator
 
     # ---- the caller's side -------------------------------------------------------------------------
     def agree(self, flag: bool, payload: Any, timeout: float) -> Decision:
@@ -136,10 +138,19 @@ class Agreements:
         self.changed()
 
     def changed(self) -> None:
-        """Membership or messages changed: every open agreement this member may coordinate moves on."""
+        """Membership or messages changed: every open agreement this member may coordinate moves on, and
+        a member that became coordinator sends the decisions it holds (it may have got one from a
+        coordinator that died before reaching everyone)."""
         for k in list(self.proposals):
             if k not in self.decided:
                 self._drive(k)
+        live = self.plane.live()
+        if live and live[0] == self.plane.rank:
+            for k, decision in list(self.decided.items()):
+                if k not in self.announced:
+                    self.announced.add(k)
+                    msg = {"t": "d", "k": k, "ballot": self.plane.rank, "decision": decision.to_wire()}
+                    self.plane.broadcast(msg)
 
     # ---- the coordinator's side --------------------------------------------------------------------
     def _drive(self, k: int) -> None:
@@ -181,6 +192,7 @@ class Agreements:
                 payloads={r: props[r]["payload"] for r in live},
             )
         self._accept(k, adopted)
+        self.announced.add(k)
         plane.broadcast({"t": "d", "k": k, "ballot": ballot, "decision": adopted.to_wire()})
 
     def _accept(self, k: int, decision: Decision) -> None:
@@ -198,3 +210,5 @@ class Agreements:
         for table in (self.proposals, self.decided, self.promised, self.replies):
             for old in [x for x in table if x < k]:
                 del table[old]
+        self.announced = {x for x in self.announced if x >= k}
+        self.queried = {x for x in self.queried if x >= k}

@@ -137,4 +137,3 @@ class PlaneStore:
 
     def __repr__(self) -> str:
         return f"PlaneStore(plane {self.plane.id})"
-

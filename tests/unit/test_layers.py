@@ -58,6 +58,7 @@ RULES = Rules(
         "pycoll.doctor": "tools",
         # integrations: imported only by users who have what they integrate with
         "pycoll.torch": "integrations",
+        "pycoll.elastic": "integrations",  # the elastic training loop, over the core's shrink / grow
     },
     forbidden=[
         (

@@ -1,0 +1,158 @@
+"""The control plane's agreement and failure detector, with every rank's plane in this process (threads):
+the outcomes every survivor must share, including a decider that dies after reaching only some ranks."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+
+import pytest
+
+from pycoll.errors import CollectiveTimeoutError, EvictedError
+from pycoll.fault.listener import listener_for
+from pycoll.fault.plane import Plane, form
+
+
+def make_planes(n: int, heartbeat: float = 5.0) -> list[Plane]:
+    listener = listener_for("127.0.0.1", "127.0.0.1", None)
+    members = [{"address": listener.address, "host": "h", "pid": 0}] * n
+    plane_id, token = secrets.token_hex(4), secrets.token_hex(8)
+    planes: list[Plane | None] = [None] * n
+    errors: list[BaseException] = []
+
+    def one(r: int) -> None:
+        try:
+            planes[r] = form(listener, r, n, members, plane_id, token, heartbeat, time.monotonic() + 10)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert not errors, errors
+    return [p for p in planes if p is not None]
+
+
+def die(plane: Plane) -> None:
+    """As a SIGKILL would: every link closes at once, no goodbye."""
+    plane._closed = True
+    for sock in list(plane._links.values()):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def agree_all(planes: list[Plane], flags: list[bool], timeout: float = 10.0) -> list:
+    out: list = [None] * len(planes)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = planes[i].agreements.agree(flags[i], {"i": i}, timeout)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(planes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    return out
+
+
+def close_all(planes: list[Plane]) -> None:
+    for p in planes:
+        if not p._closed:
+            p.close()
+
+
+def test_and_of_flags_and_payloads_on_every_rank():
+    planes = make_planes(4)
+    try:
+        first = agree_all(planes, [True] * 4)
+        assert all(d.flag and not d.dead for d in first)
+        assert all(d.payloads == {r: {"i": r} for r in range(4)} for d in first)
+        second = agree_all(planes, [True, True, False, True])
+        assert [d.flag for d in second] == [False] * 4
+    finally:
+        close_all(planes)
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_dead_rank_is_in_every_survivors_decision(victim):
+    planes = make_planes(4)
+    try:
+        die(planes[victim])
+        alive = [p for r, p in enumerate(planes) if r != victim]
+        out = agree_all(alive, [True] * 3)
+        assert all(d.flag and d.dead == frozenset({victim}) for d in out), out
+        assert all(set(d.payloads) == set(range(4)) - {victim} for d in out)
+    finally:
+        close_all([p for r, p in enumerate(planes) if r != victim])
+
+
+def test_a_decider_that_dies_after_reaching_one_rank_is_not_contradicted():
+    """Rank 0 decides, its decision reaches rank 1 only, then rank 0 dies: rank 1 takes over (after asking
+    ranks 2 and 3) and every survivor ends with rank 0's decision, although rank 0 is now dead."""
+    planes = make_planes(4)
+    p0 = planes[0]
+    real = p0.broadcast
+
+    def partial(msg, skip=()):
+        if msg.get("t") == "d":
+            p0.send(1, msg)
+            die(p0)
+            return
+        real(msg, skip)
+
+    p0.broadcast = partial  # type: ignore[method-assign]
+    try:
+        out = agree_all(planes, [True] * 4)
+        decisions = [d for d in out[1:]]
+        assert all(not isinstance(d, BaseException) for d in decisions), decisions
+        assert len({(d.flag, d.dead, tuple(sorted(d.payloads))) for d in decisions}) == 1
+        assert decisions[0].dead == frozenset()  # rank 0's decision, made while it was alive
+        # The next agreement knows rank 0 is dead.
+        again = agree_all(planes[1:], [True] * 3)
+        assert all(getattr(d, "dead", None) == frozenset({0}) for d in again), again
+    finally:
+        close_all(planes[1:])
+
+
+def test_a_silent_rank_is_evicted_and_learns_it_when_it_comes_back():
+    planes = make_planes(3, heartbeat=0.5)
+    stopped = planes[2]
+    pause = threading.Event()
+    loop_round = stopped._heartbeat
+
+    def frozen(now):  # the whole rank stops (as SIGSTOP would) until released; its clock reading is
+        pause.wait(5)  # the one taken before it stopped
+        loop_round(now)
+
+    stopped._heartbeat = frozen  # type: ignore[method-assign]
+    try:
+        out = agree_all(planes[:2], [True, True])
+        assert all(d.dead == frozenset({2}) for d in out)
+        pause.set()
+        deadline = time.monotonic() + 5
+        while stopped.evicted is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(EvictedError):
+            stopped.raise_if_evicted()
+    finally:
+        pause.set()
+        close_all(planes)
+
+
+def test_agreement_times_out_naming_the_rank_not_heard_from():
+    planes = make_planes(3)
+    try:
+        out = agree_all(planes[:2], [True, True], timeout=0.5)
+        assert all(isinstance(e, CollectiveTimeoutError) for e in out)
+        assert "not heard from: 2" in str(out[0])
+    finally:
+        close_all(planes)
