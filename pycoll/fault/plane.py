@@ -24,12 +24,14 @@ the messages the plane hands them, under the plane's lock; the plane's thread ne
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import selectors
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from pycoll.errors import EvictedError, PeerLostError
@@ -85,6 +87,7 @@ class Plane:
         self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"pycoll-control-{rank}", daemon=True)
         self._thread.start()
+        _open.add(self)
 
     # ---- what the rest of pycoll asks --------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -307,6 +310,7 @@ class Plane:
         """Leaves the plane: tells the members (``bye``, so leaving is not a failure) and closes."""
         if self._closed:
             return
+        _open.discard(self)
         self.broadcast({"t": "bye"})
         self._closed = True
         self._wake()
@@ -318,6 +322,18 @@ class Plane:
         self._wake_w.close()
         with self.cv:
             self.cv.notify_all()
+
+
+# Planes not closed yet. A process that exits without finalizing a communicator (after its last
+# collective) says goodbye at exit, so that its peers see it leave, not die: a death would abort a
+# collective they may still be finishing with data it already sent.
+_open: weakref.WeakSet[Plane] = weakref.WeakSet()
+
+
+@atexit.register
+def _leave_all() -> None:
+    for plane in list(_open):
+        plane.broadcast({"t": "bye"})
 
 
 def form(
