@@ -83,6 +83,7 @@ class Plane:
         self.agreements = Agreements(self)
         self.kv = KvServer(self)
         self._closed = False
+        self._leaving = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"pycoll-control-{rank}", daemon=True)
@@ -144,6 +145,7 @@ class Plane:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
+                self._wake()  # each round must be woken: a quiet plane would sleep a heartbeat interval
                 self.cv.wait(left)
 
     # ---- failures ----------------------------------------------------------------------------------
@@ -151,6 +153,9 @@ class Plane:
         """Marks ``peer`` dead (once): evicts it, tells the other members, calls the listeners."""
         with self.cv:
             if peer == self.rank or peer in self.dead or peer in self.left or not 0 <= peer < self.world:
+                return
+            if self._leaving:  # this rank said goodbye: its peers closing their links is no failure
+                self._drop(peer)
                 return
             self.dead[peer] = why
             sock = self._links.get(peer)
@@ -311,6 +316,7 @@ class Plane:
         if self._closed:
             return
         _open.discard(self)
+        self._leaving = True  # from here on, links that close are the members answering the goodbye
         self.broadcast({"t": "bye"})
         self._closed = True
         self._wake()
@@ -333,6 +339,7 @@ _open: weakref.WeakSet[Plane] = weakref.WeakSet()
 @atexit.register
 def _leave_all() -> None:
     for plane in list(_open):
+        plane._leaving = True
         plane.broadcast({"t": "bye"})
 
 
