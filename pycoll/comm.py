@@ -29,6 +29,7 @@ from pycoll.bootstrap.net import interface_address, reachable_address
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
 from pycoll.env import Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import (
+    CollectiveMismatchError,
     CommunicatorBrokenError,
     CommunicatorRevokedError,
     EvictedError,
@@ -534,11 +535,18 @@ class Communicator:
             if isinstance(e, InvalidUsageError):
                 raise
             self._broken = e
-            if self._plane is not None:
-                self._plane.settle()  # an eviction or revocation already on its way explains the error
-                plane = self._plane
-                if plane.evicted is not None or plane.revoked is not None or plane.dead:
-                    raise self._plane_error() from e
+            plane = self._plane
+            if plane is not None:
+                lost = getattr(e, "rank", -1)
+                if isinstance(e, PeerLostError) and lost >= 0:
+                    # The data transport saw the death first: the control plane (and so every other
+                    # rank's shrink) learns it from here too.
+                    plane.found_dead(lost, f"its data connection to rank {self.rank} broke ({e})")
+                plane.settle()  # an eviction or revocation already on its way explains the error
+                if plane.evicted is not None or (
+                    not isinstance(e, CollectiveMismatchError) and (plane.revoked is not None or plane.dead)
+                ):
+                    raise self._plane_error(prefer=lost) from e
             raise
         except BaseException as e:  # KeyboardInterrupt mid-collective: the peers were told, this is over
             self._broken = e
@@ -635,7 +643,7 @@ class Communicator:
         if self._gpu is not None:
             self._gpu.fail(self._plane_error())
 
-    def _plane_error(self) -> PycollError:
+    def _plane_error(self, prefer: int = -1) -> PycollError:
         """What a collective on a revoked communicator raises: EvictedError on an evicted rank, the loss
         that caused it (PeerLostError), or CommunicatorRevokedError."""
         plane = self._plane
@@ -646,7 +654,8 @@ class Communicator:
                 "on without it. A new process may join the job (pycoll.init(join=...))"
             )
         if plane.dead:
-            r, why = min(plane.dead.items())
+            r = prefer if prefer in plane.dead else min(plane.dead)
+            why = plane.dead[r]
             return PeerLostError(
                 f"rank {r} of the communicator is lost ({why}); the communicator was revoked on every rank: "
                 "call comm.shrink() to go on with the survivors",
@@ -731,6 +740,10 @@ class Communicator:
             self._gpu.close()
             self._gpu = None
         self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
+        if self._broken is not None:
+            # The error's traceback holds the frames of the failed call, and they the native transport:
+            # dropped, so that finalizing a broken communicator frees its memory and sockets now.
+            self._broken.__traceback__ = None
         if self._plane is not None:
             if self._plane.listener.join_handler() == self.joiners.take:
                 self._plane.listener.admit_joins(None)

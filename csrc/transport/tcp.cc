@@ -33,13 +33,17 @@ TcpTransport::TcpTransport(int rank, int world, const TcpConfig& config, const s
 }
 
 TcpTransport::~TcpTransport() {
+  // An aborted transport (a lost peer, a revoked communicator) owes its peers nothing: no flush, no wait
+  // for their FIN, which a stopped peer would never send. Its peers have failed this collective too.
+  bool orderly = true;
   {
+    std::unique_lock<std::mutex> lock(mu_);
+    orderly = !aborted_;
     // A collective returns once its last fragments are committed, not written: let the I/O thread put
     // them on the wire (bounded, for peers that stopped reading), or a peer still finishing that
     // collective would see the connection close before its data.
-    std::unique_lock<std::mutex> lock(mu_);
     // BYE tells the peers this is an orderly end, not a failure (they may still be finishing with others).
-    for (int r = 0; r < world_; ++r)
+    for (int r = 0; r < world_ && orderly; ++r)
       if (r != rank_) queue_control(r, kBye, nullptr, 0);
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
     auto flushed = [this] {
@@ -47,7 +51,7 @@ TcpTransport::~TcpTransport() {
         if (!p.lost && p.fd && !p.out.empty()) return false;
       return true;
     };
-    while (io_.joinable() && !flushed() && Clock::now() < deadline) {
+    while (orderly && io_.joinable() && !flushed() && Clock::now() < deadline) {
       lock.unlock();
       wake_io();
       lock.lock();
@@ -62,7 +66,7 @@ TcpTransport::~TcpTransport() {
   // has not read yet. Bounded: a peer that keeps its end open is closed on after a moment.
   std::vector<struct pollfd> open;
   for (Peer& p : peers_)
-    if (p.fd) {
+    if (p.fd && orderly) {
       ::shutdown(p.fd.get(), SHUT_WR);
       open.push_back({p.fd.get(), POLLIN, 0});
     }

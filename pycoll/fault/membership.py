@@ -131,6 +131,14 @@ def _build(
         raise
 
 
+def _any_dead(plane: Plane, members: tuple[int, ...]) -> str | None:
+    """Why an attempt with these members (old ranks) cannot succeed: one of them is dead."""
+    for r in members:
+        if r in plane.dead:
+            return f"rank {r} was lost ({plane.dead[r]})"
+    return None
+
+
 def _commit(old: Communicator, new: Communicator | None, survivors: list[int], left: float) -> bool:
     """The commit agreement: True when every survivor built ``new`` and none of them was lost."""
     plane = old.plane_required()
@@ -166,7 +174,7 @@ def shrink(old: Communicator, timeout: float) -> Communicator:
                 token,
                 tuple(survivors),
                 deadline,
-                lambda r, alive=tuple(survivors): plane.dead.get(alive[r]),
+                lambda r, alive=tuple(survivors): _any_dead(plane, alive),
             )
         except PycollError as exc:
             log.info("rank %d: shrink attempt failed (%s); trying again", old.rank, exc)
@@ -280,16 +288,25 @@ def grow(old: Communicator, timeout: float, min_joiners: int, max_joiners: int |
                 "rank": new_rank,
                 "members": members,
                 "epoch": epoch,
+                "parents": list(range(world)) + [-1] * len(joiners),
                 "timeout": old.timeout,
                 "deadline_s": max(0.1, deadline - time.monotonic()),
             },
         )
 
     def gone(r: int) -> str | None:
-        if r < world:
-            return plane.dead.get(r)
-        holder, j = joiners[r - world]
-        return "the joining process went away" if holder == old.rank and joiners_here.gone(j["id"]) else None
+        """Why the grow cannot succeed: a member is dead, or a joiner went away (its holder sees that and
+        tells the other members through the plane, so that none of them waits for the deadline)."""
+        why = _any_dead(plane, tuple(range(world)))
+        if why is not None:
+            return why
+        for holder, j in joiners:
+            if j["id"] in plane.notes:
+                return f"the joining process {j['id']} went away"
+            if holder == old.rank and joiners_here.gone(j["id"]):
+                plane.note(j["id"])
+                return f"the joining process {j['id']} went away"
+        return None
 
     new: Communicator | None = None
     try:
@@ -360,7 +377,7 @@ def join(
                     settings=settings,
                     plane=plane,
                     epoch=int(assign["epoch"]),
-                    parent_ranks=tuple(range(rank)) + (-1,) * (len(members) - rank),
+                    parent_ranks=tuple(int(p) for p in assign["parents"]),
                     addresses=(bind, advertise),
                 )
             except BaseException:

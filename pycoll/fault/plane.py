@@ -79,6 +79,8 @@ class Plane:
         self.left: set[int] = set()
         self.revoked: str | None = None
         self.evicted: str | None = None
+        #: Facts any member may add and every member learns (e.g. "this joiner went away").
+        self.notes: set[str] = set()
         self._listeners: list[Listener] = []
         self.agreements = Agreements(self)
         self.kv = KvServer(self)
@@ -154,7 +156,9 @@ class Plane:
         with self.cv:
             if peer == self.rank or peer in self.dead or peer in self.left or not 0 <= peer < self.world:
                 return
-            if self._leaving:  # this rank said goodbye: its peers closing their links is no failure
+            if self._leaving or self.evicted is not None:
+                # This rank said goodbye (its peers closing their links is no failure), or was evicted
+                # (the others went on without it: what it now sees must not evict them in turn).
                 self._drop(peer)
                 return
             self.dead[peer] = why
@@ -184,6 +188,15 @@ class Plane:
             self.cv.notify_all()
         self.broadcast({"t": "revoke", "why": why})
         self._notify("revoked", -1, why)
+
+    def note(self, fact: str) -> None:
+        """Adds ``fact`` to ``notes`` here and on every member."""
+        with self.cv:
+            if fact in self.notes:
+                return
+            self.notes.add(fact)
+            self.cv.notify_all()
+        self.broadcast({"t": "note", "v": fact})
 
     def _notify(self, kind: str, rank: int, why: str) -> None:
         for fn in list(self._listeners):
@@ -274,6 +287,11 @@ class Plane:
             return
         if kind == "revoke":
             self.revoke(str(msg.get("why")))
+            return
+        if kind == "note":
+            with self.cv:
+                self.notes.add(str(msg.get("v")))
+                self.cv.notify_all()
             return
         if kind == "evict":
             with self.cv:

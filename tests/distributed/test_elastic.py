@@ -39,8 +39,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("case", list(CASES))
+RUNS = [(case, "shm") for case in CASES] + [
+    ("two kills and a join", "tcp"),
+    ("rank 0 killed, then a join", "tcp"),
+]
+
+
+@pytest.mark.parametrize("case,transport", RUNS, ids=[f"{c}-{t}" for c, t in RUNS])
 def test_elastic_loop_matches_replay(case, transport, monkeypatch):
     world, steps, every, kills, joins = CASES[case]
     if transport == "tcp":

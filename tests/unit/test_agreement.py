@@ -38,7 +38,9 @@ def make_planes(n: int, heartbeat: float = 5.0) -> list[Plane]:
 
 
 def die(plane: Plane) -> None:
-    """As a SIGKILL would: every link closes at once, no goodbye."""
+    """As a SIGKILL would: every link closes at once, no goodbye, and nothing more is said (a real killed
+    process says nothing; here its thread could still see its own links close)."""
+    plane._leaving = True
     plane._closed = True
     for sock in list(plane._links.values()):
         try:
