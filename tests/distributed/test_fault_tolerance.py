@@ -25,7 +25,8 @@ compared here); ``parent_ranks`` are the survivors' old ranks in order and ``epo
 
 Each case runs ``FAULT_REPEAT`` times (default 1, for CI's time; set it higher for a soak) on fresh
 processes; the harness deadline (RUN_TIMEOUT) kills anything that hangs. The time from the kill (or
-stop) to the first correct all-reduce on the new communicator is printed for every run and summed up per case at the end (``pytest -s`` shows them).
+stop) to the first correct all-reduce on the new communicator is printed for every run and summed up
+per case at the end (``pytest -s`` shows them).
 
 The last section reduces each library bug the matrix found to a minimal test of its own (the docstrings
 say where and why).
