@@ -110,12 +110,12 @@ def main() -> None:
         final = torch.nn.functional.mse_loss(model(x), y).item()
     digest = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values()))
     c = result.comm
-    print(
+    line = (
         f"rank {c.rank}/{c.world_size} (epoch {c.epoch}): loss {final:.5f}, "
-        f"weights {digest.hexdigest()[:16]}, "
-        f"steps redone {result.redone}",
-        flush=True,
+        f"weights {digest.hexdigest()[:16]}, steps redone {result.redone}\n"
     )
+    sys.stdout.write(line)  # one write: the ranks share the terminal, lines must not interleave
+    sys.stdout.flush()
     for p in joiners:  # a replacement that came too late to be admitted gives up with its join timeout
         try:
             p.wait(timeout=60)
