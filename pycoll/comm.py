@@ -117,7 +117,7 @@ class Communicator:
 
     Collectives on one communicator must be called in the same order by every rank. A communicator that
     saw an error (timeout, lost peer, mismatch) is broken: every later call raises
-    CommunicatorBrokenError; create a new one to go on.
+    CommunicatorBrokenError; ``shrink()`` makes one of the surviving ranks (docs/fault-tolerance.md).
     """
 
     @_failing_fast

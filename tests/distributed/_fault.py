@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from test_failures import shm_mappings  # the same check the failure tests make
 
 import pycoll
 
@@ -81,19 +82,6 @@ def describe(exc: BaseException | None) -> dict[str, Any] | None:
             "t": time.time()}
 
 
-def shm_mappings() -> list[str]:
-    """Paths under /dev/shm this process maps or holds open (pycoll's shared memory is memfd)."""
-    found = []
-    with open("/proc/self/maps") as f:
-        found += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/dev/shm/"):
-            found.append(target)
-    return sorted(set(found))
 
 
 def describe_comm(old: Any, new: Any, what: str) -> dict[str, Any]:
