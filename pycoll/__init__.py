@@ -47,6 +47,7 @@ _API = (
     "barrier",
     "reduce_scatter",
     "all_gather",
+    "skew_report",
     "SUPPORTED_DTYPES",
     "SUPPORTED_OPS",
 )
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
         init,
         is_initialized,
         reduce_scatter,
+        skew_report,
     )
     from pycoll.comm import Communicator  # noqa: F401
     from pycoll.nccl import nccl_version  # noqa: F401

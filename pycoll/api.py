@@ -24,6 +24,7 @@ from pycoll.comm import Communicator
 from pycoll.compression import CODEC_DTYPES, Codec, ErrorFeedback, get_codec
 from pycoll.env import Settings, launcher_hosts_store
 from pycoll.errors import InvalidUsageError
+from pycoll.skew import SkewReport
 from pycoll.work import Work
 
 T = TypeVar("T")
@@ -435,6 +436,14 @@ def barrier(*, comm: Communicator | None = None, timeout: float | None = None) -
     _timeout(timeout)
     algo = ALGORITHMS["barrier"][0]
     c.submit(lambda: c.run("barrier", algo, _EMPTY, _EMPTY, 0, 0, 0, timeout), False)
+
+
+def skew_report(
+    comm: Communicator | None = None, *, window: int | None = None, timeout: float | None = None
+) -> SkewReport:
+    """Who entered the collectives late, and how long the others waited for them: ``comm.skew()`` on
+    the default communicator (docs/skew.md). Every rank must call it; each gets the same report."""
+    return get_comm(comm).skew(window, _timeout(timeout))
 
 
 def _check_same_dtype(x: Buffer, out: Buffer) -> None:

@@ -27,7 +27,7 @@ from pycoll.bootstrap import PrefixStore, Store, TCPStoreServer, store_barrier
 from pycoll.bootstrap.failfast import LINGER_S, FailFastStore
 from pycoll.bootstrap.net import interface_address, reachable_address
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
-from pycoll.env import Settings, rendezvous_secret, usable_cpus
+from pycoll.env import STRAGGLER_WINDOW, Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import (
     CollectiveMismatchError,
     CommunicatorBrokenError,
@@ -41,6 +41,8 @@ from pycoll.fault import membership
 from pycoll.fault.agreement import Decision
 from pycoll.fault.membership import Joiners, initial_plane
 from pycoll.fault.plane import Plane
+from pycoll.skew.report import SkewReport
+from pycoll.skew.tracker import Notice, SkewTracker, StragglerEvent, clock_domain
 from pycoll.tuning import Model
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
 
@@ -58,12 +60,16 @@ def host_id(settings: Settings | None = None) -> str:
     override = (settings if settings is not None else Settings.from_environ()).host_id
     if override is not None:
         return override
+    return f"{socket.gethostname()}/{boot_id()}"
+
+
+def boot_id() -> str:
+    """The running kernel's boot id: processes that share it share one steady clock and one memory."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            return f.read().strip()
     except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}/{boot}"
+        return "?"
 
 
 def host_layout(hosts: list[str], rank: int) -> tuple[int, int, int, int]:
@@ -175,6 +181,7 @@ class Communicator:
         )
         self._plane: Plane | None = plane
         self._native: _C.NativeCommunicator | None = None
+        self._skew: SkewTracker | None = None
         self._replaced: list[Callable[[Communicator], None]] = []
         self.joiners = Joiners()
 
@@ -240,6 +247,9 @@ class Communicator:
             settings.stream_bytes,
             bind,
             local,
+            settings.skew,
+            settings.skew_window,
+            round(settings.fake_clock_offset_s * 1e9),
         )
         if self.transport in ("shm", "mixed"):
             self._attach_shared_memory(timeout, local)
@@ -250,6 +260,10 @@ class Communicator:
         self.segment_bytes = int(self._native.segment_bytes)
         self.fragment_bytes = int(self._native.fragment_bytes)
         self.model = self._agree_on_model(timeout)
+        self._skew = SkewTracker(self)
+        self._skew.sync_clocks(clock_domain(boot_id(), round(settings.fake_clock_offset_s * 1e9)), timeout)
+        if settings.straggler_ms is not None and settings.skew:
+            self._skew.add(None, settings.straggler_ms, min(STRAGGLER_WINDOW, settings.skew_window))
         log.info(
             "rank %d/%d: %s transport to every peer (%d slots x %d KiB per link), "
             "spin %d us, yield %d us, reduce loops %s",
@@ -498,11 +512,14 @@ class Communicator:
         timeout: float | None,
         codec: Any = None,
         residual: Buffer | None = None,
+        *,
+        report: bool = True,
     ) -> None:
         """Runs one collective on the calling thread (the GIL is released while it runs).
 
         ``codec`` (a pycoll.compression.Codec, all-reduce only) compresses the messages; ``residual`` is its
-        float32 error-feedback state.
+        float32 error-feedback state. ``report=False``: one of the library's own collectives, left out of
+        the skew report. Straggler notices that it completed are delivered before it returns.
         """
         native = self._native
         if native is None:
@@ -511,26 +528,27 @@ class Communicator:
         program = None
         if self.grouped_on_cpu:
             program = self.grouped_program(collective, algorithm, count, inp.itemsize, root, codec)
+        args = _C.CollectiveArgs(
+            plan=plan,
+            input=inp.ptr,
+            output=out.ptr,
+            dtype=inp.code,
+            op=op,
+            collective=COLLECTIVE_CODES[collective],
+            algorithm=ALGORITHM_CODES[algorithm],
+            count=count,
+            root=root,
+            codec=None if codec is None else codec.native(),
+            codec_id=0 if codec is None else codec.wire_id,
+            residual=0 if residual is None else residual.ptr,
+            seed=0 if codec is None else codec.seed,
+            timeout_s=self.timeout if timeout is None else timeout,
+            program=program,
+        )
+        if not report:
+            args.skew = False
         try:
-            native.run(
-                _C.CollectiveArgs(
-                    plan=plan,
-                    input=inp.ptr,
-                    output=out.ptr,
-                    dtype=inp.code,
-                    op=op,
-                    collective=COLLECTIVE_CODES[collective],
-                    algorithm=ALGORITHM_CODES[algorithm],
-                    count=count,
-                    root=root,
-                    codec=None if codec is None else codec.native(),
-                    codec_id=0 if codec is None else codec.wire_id,
-                    residual=0 if residual is None else residual.ptr,
-                    seed=0 if codec is None else codec.seed,
-                    timeout_s=self.timeout if timeout is None else timeout,
-                    program=program,
-                )
-            )
+            events = native.run(args)
         except PycollError as e:
             if isinstance(e, InvalidUsageError):
                 raise
@@ -553,6 +571,50 @@ class Communicator:
             if self._plane is not None:
                 self._plane.revoke(f"rank {self.rank} was interrupted ({type(e).__name__})")
             raise
+        if events and self._skew is not None:
+            self._skew.dispatch()
+
+    def native(self) -> _C.NativeCommunicator:
+        """The native communicator; InvalidUsageError once finalized."""
+        if self._native is None:
+            raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+        return self._native
+
+    # ---- skew (pycoll/skew/) -------------------------------------------------------------------------
+    def skew(self, window: int | None = None, timeout: float | None = None) -> SkewReport:
+        """Who entered this communicator's collectives late, and how long the others waited for them
+        (docs/skew.md): per rank and collective kind, over the whole run and the last ``window``
+        collectives (default: PYCOLL_SKEW_WINDOW). A collective: every rank must call it, and gets the
+        same report. ``self.skew_local()`` is this rank's own view, without communication."""
+        self.check_usable()
+        if window is not None and (not isinstance(window, int) or window < 0):
+            raise InvalidUsageError(f"window must be a number of collectives >= 0, got {window!r}")
+        tracker = self._skew
+        assert tracker is not None
+        return cast(SkewReport, self.submit(lambda: tracker.gathered_report(window, timeout), False))
+
+    def skew_local(self, window: int | None = None) -> SkewReport:
+        """This rank's own skew report: every rank records every rank's lateness, so it differs from
+        ``skew()`` only in collectives whose stamps have not all reached this rank yet. Works on a broken
+        communicator; no communication."""
+        if self._skew is None or self._native is None:
+            raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+        return self._skew.local_report(window)
+
+    def on_straggler(
+        self,
+        callback: Callable[[StragglerEvent], None] | None = None,
+        *,
+        late_ms: float,
+        window: int = STRAGGLER_WINDOW,
+    ) -> Notice:
+        """Calls ``callback(event)`` (on every rank, after the collective that completed the window) when
+        one rank's mean lateness over the last ``window`` collectives passes ``late_ms``, and again once per
+        window while it stays above; rank 0 also logs a WARNING on the ``pycoll`` logger (at most one a
+        minute per rank). ``callback=None``: the WARNING only. Returns a Notice (``.remove()``)."""
+        if self._skew is None or self._native is None:
+            raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+        return self._skew.add(callback, late_ms, window)
 
     def gpu(self) -> GpuSide:
         """The GPU side (NCCL communicator, device, watchdog), made at the first GPU collective."""
@@ -739,6 +801,8 @@ class Communicator:
         if self._gpu is not None:
             self._gpu.close()
             self._gpu = None
+        if self.settings.skew_report and self._skew is not None and self._native is not None:
+            self._skew.write(self.settings.skew_report)
         self._native = None  # unmaps the segments (the kernel frees them when the last rank lets go)
         if self._broken is not None:
             # The error's traceback holds the frames of the failed call, and they the native transport:

@@ -33,6 +33,15 @@
 | PYCOLL_SECRET          | rendezvous secret: every connection to the rendezvous store    | unset   |
 |                        | must prove it holds it (HMAC challenge, never sent itself);    |         |
 |                        | set the same value on every rank and on the launcher           |         |
+| PYCOLL_SKEW            | record who enters collectives late (``comm.skew()``); ``0``:   | 1       |
+|                        | off on this rank (then no rank's report has its collectives)   |         |
+| PYCOLL_SKEW_WINDOW     | collectives in the skew report's recent window                 | 1000    |
+| PYCOLL_SKEW_REPORT     | file the skew report is written to (JSON) at finalize, by rank | unset   |
+|                        | 0; ``{rank}`` in it: by every rank, each its own view          |         |
+| PYCOLL_STRAGGLER_MS    | log a WARNING when one rank's mean lateness over the last 100  | unset   |
+|                        | collectives passes this many milliseconds (on_straggler)       |         |
+| PYCOLL_FAKE_CLOCK_OFFSET_S | for tests: shift this rank's clock by this many seconds    | 0       |
+|                        | (the skew report must still find the right lateness)           |         |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
 ``pycoll.bootstrap.env``. The other variables pycoll reads are NVIDIA's and the system's, for finding
@@ -57,6 +66,9 @@ MAX_SLOT_BYTES = 128 * 1024
 MIN_SLOT_BYTES = 16 * 1024
 RING_BYTES_PER_RANK = 8 << 20
 DEFAULT_SLOTS = 8
+DEFAULT_SKEW_WINDOW = 1000
+# PYCOLL_STRAGGLER_MS judges a rank's mean lateness over this many collectives.
+STRAGGLER_WINDOW = 100
 # A rank with a CPU of its own polls for up to 5 ms before it sleeps. On virtual machines a sleeping
 # rank's vCPU halts, and the host can take a millisecond or more to run it again: on the development VM
 # a 2-rank 4 MiB all-reduce took 3.4 ms in such periods with 50 or 500 us of polling, 0.2 ms with
@@ -87,6 +99,14 @@ class Settings:
     fault_tolerance: bool = True
     #: PYCOLL_HEARTBEAT_TIMEOUT: seconds of silence after which a rank is taken for dead and evicted.
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    #: PYCOLL_SKEW, PYCOLL_SKEW_WINDOW, PYCOLL_SKEW_REPORT, PYCOLL_STRAGGLER_MS, PYCOLL_FAKE_CLOCK_OFFSET_S:
+    #: skew recording (pycoll/skew/), its recent window, the JSON written at finalize, the logging notice,
+    #: and a test shift of this rank's clock.
+    skew: bool = True
+    skew_window: int = DEFAULT_SKEW_WINDOW
+    skew_report: str | None = None
+    straggler_ms: float | None = None
+    fake_clock_offset_s: float = 0.0
     #: PYCOLL_SECRET as bytes (None: unset); kept out of repr so it is never printed or logged.
     secret: bytes | None = field(default=None, repr=False)
 
@@ -159,6 +179,15 @@ class Settings:
             heartbeat_timeout_s=float(
                 number("PYCOLL_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, float, 0.05)
             ),
+            skew=_flag(env, "PYCOLL_SKEW", True),
+            skew_window=int(number("PYCOLL_SKEW_WINDOW", DEFAULT_SKEW_WINDOW, int, 1)),
+            skew_report=env.get("PYCOLL_SKEW_REPORT", "").strip() or None,
+            straggler_ms=(
+                float(number("PYCOLL_STRAGGLER_MS", 0, float, 1e-6))
+                if env.get("PYCOLL_STRAGGLER_MS", "").strip()
+                else None
+            ),
+            fake_clock_offset_s=float(number("PYCOLL_FAKE_CLOCK_OFFSET_S", 0.0, float, -1e9)),
         )
 
 

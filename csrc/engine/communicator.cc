@@ -32,9 +32,10 @@ Communicator::Communicator(const CommunicatorConfig& config) {
   policy.on_idle = config.on_idle;
   on_idle_ = policy.on_idle;
   executor_ = std::make_unique<Executor>(*transport_, policy);
+  skew_ = std::make_unique<SkewRecorder>(rank, world, config.skew);
 }
 
-void Communicator::run(const CollectiveArgs& c) {
+size_t Communicator::run(const CollectiveArgs& c) {
   if (!c.plan) throw Error(ErrorKind::kInternal, "a collective was run without a plan");
   const NativePlan& plan = *c.plan;
   if (plan.world != transport_->world() || plan.rank != transport_->rank())
@@ -57,10 +58,17 @@ void Communicator::run(const CollectiveArgs& c) {
   args.residual = reinterpret_cast<float*>(c.residual);
   args.seed = c.seed;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!widen) {
+  args.stamp = skew_->enter();
+  if (widen)
+    widened(c, args, codec);
+  else
     execute(plan, args, codec, c.program.get());
-    return;
-  }
+  return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
+}
+
+// A compressed all-reduce of float16 / bfloat16 data: on a float32 copy, rounded back at the end.
+void Communicator::widened(const CollectiveArgs& c, RunArgs& args, const cpu::Codec* codec) {
+  const DType type = static_cast<DType>(c.dtype);
   const uint16_t* in = static_cast<const uint16_t*>(args.input);
   uint16_t* out = static_cast<uint16_t*>(args.output);
   const size_t n = static_cast<size_t>(c.count);
@@ -72,7 +80,7 @@ void Communicator::run(const CollectiveArgs& c) {
     for (size_t i = 0; i < n; ++i) w[i] = bf16_to_float(in[i]);
   }
   args.input = args.output = w;
-  execute(plan, args, codec, c.program.get());
+  execute(*c.plan, args, codec, c.program.get());
   if (type == DType::kFloat16) {
     for (size_t i = 0; i < n; ++i) out[i] = float_to_half(w[i]);
   } else {
@@ -104,7 +112,7 @@ void Communicator::execute(const NativePlan& plan, const RunArgs& args, const cp
     g.residual = args.residual;
     g.rounding_key = codec::rounding_key(args.seed, static_cast<uint32_t>(transport_->rank()), g.seq);
   }
-  CpuGroupBackend backend(*transport_, codec, args.timeout_ns, on_idle_);
+  CpuGroupBackend backend(*transport_, codec, args.timeout_ns, on_idle_, args.stamp);
   GroupedExecutor::run(plan, *program, g, backend);
 }
 

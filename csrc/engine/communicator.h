@@ -14,6 +14,7 @@
 #include "engine/executor.h"
 #include "engine/grouped_executor.h"
 #include "engine/plan.h"
+#include "engine/skew.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 #include "transport/transport.h"
@@ -36,6 +37,7 @@ struct CommunicatorConfig {
   // (local[r]: rank r is on this host), shared memory to this host's ranks and TCP to the others.
   std::string tcp_bind;
   std::vector<bool> local;
+  SkewConfig skew;
   // Called between sleeps of a waiting rank (ExecutorPolicy::on_idle); it may throw, e.g. to deliver
   // Ctrl-C.
   std::function<void()> on_idle;
@@ -59,6 +61,8 @@ struct CollectiveArgs {
   double timeout_s = 0;
   // With a program: run the grouped executor over this transport instead of the fragment executor.
   std::shared_ptr<GroupedProgram> program;
+  // Whether it counts in the skew report (false: one of the library's own, which only feed its clock).
+  bool skew = true;
 };
 
 class Communicator {
@@ -68,8 +72,8 @@ class Communicator {
   // Runs one collective. `codec` (null for plain collectives) encodes the messages of a compressed
   // all-reduce; its plan works on float32, so float16 / bfloat16 buffers are widened into a work buffer
   // first and rounded back once at the end (accumulation is always float32). Collectives of one
-  // communicator run one at a time.
-  void run(const CollectiveArgs& args);
+  // communicator run one at a time. Returns the number of straggler events waiting (SkewRecorder).
+  size_t run(const CollectiveArgs& args);
 
 #if PYCOLL_WITH_CUDA
   // A collective on GPU memory whose messages travel through this transport (host-staged): for ranks
@@ -85,16 +89,19 @@ class Communicator {
   ShmTransport& shm();
   TcpTransport& tcp();
   uint64_t seq() const { return executor_->seq(); }
+  SkewRecorder& skew() { return *skew_; }
 
  private:
   // The fragment executor, or with a program the grouped executor (over this transport and the CPU loops:
   // how the CPU tests check the programs GPUs run over NCCL).
   void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
+  void widened(const CollectiveArgs& c, RunArgs& args, const cpu::Codec* codec);
 
   std::unique_ptr<Transport> transport_;
   ShmTransport* shm_ = nullptr;
   TcpTransport* tcp_ = nullptr;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<SkewRecorder> skew_;
   std::mutex mu_;
   std::vector<float> work_;  // float32 copy of a float16 / bfloat16 buffer being all-reduced with a codec
   std::function<void()> on_idle_;

@@ -24,8 +24,12 @@ WaitPolicy group_wait_policy(std::function<void()> on_idle) {
 }  // namespace
 
 CpuGroupBackend::CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns,
-                                 std::function<void()> on_idle)
-    : t_(transport), codec_(codec), timeout_ns_(timeout_ns), policy_(group_wait_policy(std::move(on_idle))) {}
+                                 std::function<void()> on_idle, const EntryStamp& stamp)
+    : t_(transport),
+      codec_(codec),
+      timeout_ns_(timeout_ns),
+      policy_(group_wait_policy(std::move(on_idle))),
+      stamp_(stamp) {}
 
 void CpuGroupBackend::begin(uint64_t seq, const Descriptor& desc) {
   seq_ = seq;
@@ -33,7 +37,7 @@ void CpuGroupBackend::begin(uint64_t seq, const Descriptor& desc) {
   hash_ = desc.hash();
   start_ = Clock::now();
   deadline_ = start_ + std::chrono::nanoseconds(timeout_ns_);
-  t_.begin_collective(seq, desc);
+  t_.begin_collective(seq, desc, stamp_);
 }
 
 // Every message of the group progresses as far as the transport allows on each pass; messages to (from)

@@ -18,7 +18,9 @@ class CpuGroupBackend final : public GroupBackend {
  public:
   // `codec` may be null (plain collectives); `timeout_ns` bounds the whole collective; `on_idle` is called
   // between sleeps (it may throw, e.g. to deliver Ctrl-C).
-  CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns, std::function<void()> on_idle);
+  // `stamp`: what this rank announces of its timing as it begins (EntryStamp).
+  CpuGroupBackend(Transport& transport, const cpu::Codec* codec, int64_t timeout_ns, std::function<void()> on_idle,
+                  const EntryStamp& stamp = {});
 
   int rank() const override { return t_.rank(); }
   int world() const override { return t_.world(); }
@@ -37,6 +39,7 @@ class CpuGroupBackend final : public GroupBackend {
   const cpu::Codec* codec_;
   int64_t timeout_ns_;
   WaitPolicy policy_;
+  EntryStamp stamp_;
   int64_t spin_budget_ns_ = 0;  // the policy does not spin
   uint64_t seq_ = 0;
   uint64_t hash_ = 0;

@@ -15,7 +15,7 @@ namespace pycoll {
 void Executor::run(const NativePlan& plan, const RunArgs& args) {
   check_codec_plan(plan, args);  // before anything is sent: every rank makes the same call and raises alike
   uint64_t seq = ++seq_;
-  t_.begin_collective(seq, args.desc);  // throws the original error if the communicator was aborted
+  t_.begin_collective(seq, args.desc, args.stamp);  // throws the original error if the communicator was aborted
   try {
     run_steps(plan, args);
   } catch (const Error& e) {

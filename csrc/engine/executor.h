@@ -34,6 +34,7 @@ struct RunArgs {
   const cpu::Codec* codec = nullptr;
   float* residual = nullptr;
   uint64_t seed = 0;
+  EntryStamp stamp;  // announced with the collective (engine/skew.h)
 };
 
 class Executor {

@@ -3,6 +3,10 @@
 
 #include <pybind11/pybind11.h>
 
+namespace pycoll {
+class Communicator;
+}
+
 namespace pycoll::python {
 
 // pycoll._C.cuda: device queries, memory and the kernels on raw device pointers (tests, benchmarks).
@@ -11,5 +15,7 @@ void bind_cuda(pybind11::module_& m);
 void bind_nccl(pybind11::module_& m);
 // pycoll._C.gpu: GPU communicators (grouped programs over NCCL), CUDA events, pointer queries.
 void bind_gpu(pybind11::module_& m);
+// The skew recorder's methods on pycoll._C.NativeCommunicator (csrc/engine/skew.h).
+void bind_skew(pybind11::module_& m, pybind11::class_<Communicator>& cls);
 
 }  // namespace pycoll::python

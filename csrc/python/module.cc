@@ -85,6 +85,7 @@ void for_each_collective_field(F&& f) {
   f("seed", &CollectiveArgs::seed);
   f("timeout_s", &CollectiveArgs::timeout_s);
   f("program", &CollectiveArgs::program);
+  f("skew", &CollectiveArgs::skew);
 }
 
 // CollectiveArgs(**fields), made once per collective. The keywords are looked up with interned names:
@@ -127,7 +128,8 @@ CollectiveArgs make_collective_args(const py::kwargs& kwargs) {
 
 std::unique_ptr<Communicator> make_communicator(int rank, int world, size_t slot_bytes, uint32_t slots, int64_t spin_ns,
                                                 int64_t yield_ns, uint64_t stream_min_bytes,
-                                                const std::string& tcp_bind, const std::vector<bool>& local) {
+                                                const std::string& tcp_bind, const std::vector<bool>& local, bool skew,
+                                                size_t skew_window, int64_t clock_offset_ns) {
   CommunicatorConfig config;
   config.rank = rank;
   config.world = world;
@@ -138,6 +140,7 @@ std::unique_ptr<Communicator> make_communicator(int rank, int world, size_t slot
   config.stream_min_bytes = stream_min_bytes;
   config.tcp_bind = tcp_bind;
   config.local = local;
+  config.skew = SkewConfig{skew, skew_window, clock_offset_ns};
   // Deliver Ctrl-C (and other Python signal handlers) to a rank stuck waiting for its peers.
   config.on_idle = [] {
     py::gil_scoped_acquire gil;
@@ -360,10 +363,12 @@ PYBIND11_MODULE(_C, m) {
   collective_args.def(py::init(&make_collective_args), "CollectiveArgs(**fields): keyword arguments only");
   for_each_collective_field([&](const char* name, auto member) { collective_args.def_readwrite(name, member); });
 
-  py::class_<Communicator>(m, "NativeCommunicator")
+  py::class_<Communicator> communicator(m, "NativeCommunicator");
+  communicator
       .def(py::init(&make_communicator), py::arg("rank"), py::arg("world"), py::arg("slot_bytes"), py::arg("slots"),
            py::arg("spin_ns"), py::arg("yield_ns"), py::arg("stream_min_bytes"), py::arg("tcp_bind") = "",
-           py::arg("local") = std::vector<bool>{})
+           py::arg("local") = std::vector<bool>{}, py::arg("skew") = true, py::arg("skew_window") = 1024,
+           py::arg("clock_offset_ns") = 0)
       .def_property_readonly("segment_fd", [](Communicator& c) { return c.shm().segment_fd(); })
       .def_property_readonly("tcp_port", [](Communicator& c) { return c.tcp().listen_port(); })
       .def_property_readonly("tcp_rejected", [](Communicator& c) { return c.tcp().rejected_connections(); })
@@ -388,7 +393,7 @@ PYBIND11_MODULE(_C, m) {
             // reassigned by another thread while this one runs without the GIL.
             const CollectiveArgs mine = args;
             py::gil_scoped_release release;
-            c.run(mine);
+            return c.run(mine);
           },
           py::arg("args"))
 #if PYCOLL_WITH_CUDA
@@ -403,6 +408,7 @@ PYBIND11_MODULE(_C, m) {
 #endif
       .def("abort", &Communicator::abort, py::arg("kind"), py::arg("message"));
 
+  python::bind_skew(m, communicator);
   python::bind_cuda(m);
   python::bind_nccl(m);
   python::bind_gpu(m);

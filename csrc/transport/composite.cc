@@ -97,8 +97,12 @@ void CompositeTransport::wait(const WaitItem* items, size_t n, int64_t timeout_n
   disarm();
 }
 
-void CompositeTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
-  for (auto& m : members_) m->begin_collective(seq, desc);
+void CompositeTransport::begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) {
+  for (auto& m : members_) m->begin_collective(seq, desc, stamp);
+}
+
+bool CompositeTransport::entry_stamp(int peer, uint64_t seq, EntryStamp* out) {
+  return of(peer).entry_stamp(peer, seq, out);
 }
 
 void CompositeTransport::check_health(const WaitContext& ctx) {

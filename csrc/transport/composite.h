@@ -45,7 +45,8 @@ class CompositeTransport final : public Transport {
   void release_recv(int peer) override { of(peer).release_recv(peer); }
   void wait(const WaitItem* items, size_t n, int64_t timeout_ns) override;
 
-  void begin_collective(uint64_t seq, const Descriptor& desc) override;
+  void begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) override;
+  bool entry_stamp(int peer, uint64_t seq, EntryStamp* out) override;
   void check_health(const WaitContext& ctx) override;
   void abort(const Error& error) override;
   std::vector<int> ranks_not_entered(uint64_t seq) override;

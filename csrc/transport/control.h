@@ -1,6 +1,6 @@
 // The control plane every transport shares, written once: what a rank announces of the collectives it
-// enters (a ring of descriptors, by collective number), how an abort names the rank that reported it, and
-// the checks that turn a peer's announced descriptor, or a fragment's header, into a mismatch error.
+// enters (a ring of descriptors and entry stamps, by collective number), how an abort names the rank that reported it,
+// and the checks that turn a peer's announced descriptor, or a fragment's header, into a mismatch error.
 //
 // Each transport carries these its own way (shared memory holds the rings in the segment a rank owns;
 // TCP sends ENTER and ABORT frames and its I/O thread files them), but the ring, its size, the wording and
@@ -19,22 +19,33 @@ namespace pycoll {
 // few collectives ahead of (or behind) another can still name what that one called.
 constexpr int kDescriptorRing = 16;
 
-// The descriptors of the last kDescriptorRing collectives one rank entered, by seq % kDescriptorRing.
-// One writer, any number of readers, also in other processes (it may live in shared memory): a slot's seq
-// is 0 while its descriptor is being written, and a reader checks it again after copying.
+// The descriptors and entry stamps of the last kDescriptorRing collectives one rank entered, by
+// seq % kDescriptorRing. One writer, any number of readers, also in other processes (it may live in shared
+// memory): a slot's seq is 0 while it is being written, and a reader checks it again after copying. A slot
+// is one cache line, so a peer reading a stamp (engine/skew.cc, after every collective) costs one line.
 struct DescriptorRing {
   struct alignas(64) Slot {
     std::atomic<uint64_t> seq{0};
     Descriptor desc{};
+    EntryStamp stamp{};
   };
+  static_assert(sizeof(Slot) == 64, "a descriptor ring slot is one cache line");
   Slot slots[kDescriptorRing];
 
-  void publish(uint64_t seq, const Descriptor& desc) {
+  void publish(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) {
     Slot& s = slots[seq % kDescriptorRing];
     s.seq.store(0, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
     s.desc = desc;
+    s.stamp = stamp;
     s.seq.store(seq, std::memory_order_release);
+  }
+  bool find_stamp(uint64_t seq, EntryStamp* out) const {
+    const Slot& s = slots[seq % kDescriptorRing];
+    if (s.seq.load(std::memory_order_acquire) != seq) return false;
+    *out = s.stamp;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return s.seq.load(std::memory_order_relaxed) == seq;
   }
   // What was announced for collective `seq`; false if nothing was (or it was overwritten since).
   bool find(uint64_t seq, Descriptor* out) const {

@@ -331,11 +331,15 @@ void ShmTransport::wait(const WaitItem* items, size_t n, int64_t timeout_ns) {
   disarm();
 }
 
-void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
+void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) {
   throw_if_aborted();
   ControlBlock* cb = control(rank_);
-  cb->descs.publish(seq, desc);
+  cb->descs.publish(seq, desc, stamp);
   cb->entered_seq.store(seq, std::memory_order_release);
+}
+
+bool ShmTransport::entry_stamp(int peer, uint64_t seq, EntryStamp* out) {
+  return segments_[peer] && control(peer)->descs.find_stamp(seq, out);
 }
 
 bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {

@@ -185,18 +185,25 @@ void TcpTransport::throw_if_aborted() {
   if (aborted_ && abort_error_) throw *abort_error_;
 }
 
-void TcpTransport::begin_collective(uint64_t seq, const Descriptor& desc) {
+void TcpTransport::begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     throw_if_aborted();
     entered_ = seq;
-    uint8_t payload[sizeof(uint64_t) + sizeof(Descriptor)];
+    uint8_t payload[kEnterBytes];
     std::memcpy(payload, &seq, sizeof seq);
     std::memcpy(payload + sizeof seq, &desc, sizeof desc);
+    std::memcpy(payload + sizeof seq + sizeof desc, &stamp, sizeof stamp);
     for (int r = 0; r < world_; ++r)
       if (r != rank_) queue_control(r, kEnter, payload, sizeof payload);
   }
   wake_io();
+}
+
+// The ring is written by the I/O thread and read here without mu_ (it is made for one writer and readers
+// that check what they copied): this runs after every collective.
+bool TcpTransport::entry_stamp(int peer, uint64_t seq, EntryStamp* out) {
+  return peer != rank_ && peers_[peer].descs.find_stamp(seq, out);
 }
 
 bool TcpTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {

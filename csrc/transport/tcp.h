@@ -78,7 +78,8 @@ class TcpTransport final : public MemberTransport {
   bool arm(const WaitItem* items, size_t n, bool any) override;
   void disarm() override;
 
-  void begin_collective(uint64_t seq, const Descriptor& desc) override;
+  void begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) override;
+  bool entry_stamp(int peer, uint64_t seq, EntryStamp* out) override;
   void check_health(const WaitContext& ctx) override;
   void abort(const Error& error) override;
   std::vector<int> ranks_not_entered(uint64_t seq) override;

@@ -30,6 +30,8 @@ namespace tcp_detail {
 
 enum FrameType : uint32_t { kData = 1, kEnter = 2, kAbort = 3, kBye = 4 };
 constexpr size_t kMaxControlBytes = 64 * 1024;
+// An ENTER frame's payload: the collective's number, the descriptor and the entry stamp.
+constexpr size_t kEnterBytes = sizeof(uint64_t) + sizeof(Descriptor) + sizeof(EntryStamp);
 
 struct AbortHead {
   int32_t kind;

@@ -139,12 +139,14 @@ bool TcpTransport::pump_in(int r, Peer& p, std::unique_lock<std::mutex>& lock) {
 }
 
 void TcpTransport::on_control(int r, Peer& p, uint32_t type) {
-  if (type == kEnter && p.in_control.size() == sizeof(uint64_t) + sizeof(Descriptor)) {
+  if (type == kEnter && p.in_control.size() == kEnterBytes) {
     uint64_t seq;
     Descriptor desc;
+    EntryStamp stamp;
     std::memcpy(&seq, p.in_control.data(), sizeof seq);
     std::memcpy(&desc, p.in_control.data() + sizeof seq, sizeof desc);
-    p.descs.publish(seq, desc);
+    std::memcpy(&stamp, p.in_control.data() + sizeof seq + sizeof desc, sizeof stamp);
+    p.descs.publish(seq, desc, stamp);
     p.entered = std::max(p.entered, seq);
   } else if (type == kBye) {
     p.finalized = true;

@@ -30,6 +30,14 @@ struct FragHeader {
   uint32_t reserved;
 };
 
+// What a rank says of its timing as it enters a collective, on its own clock (engine/skew.h): when it
+// entered this collective and when it left the one before. 0: not recorded (skew reporting is off, or
+// there was no collective before).
+struct EntryStamp {
+  int64_t entered_ns = 0;
+  int64_t prev_exit_ns = 0;
+};
+
 // One thing a blocked executor waits for: `fragments` more fragments from `peer` (room == false), or
 // that many free fragment slots toward `peer` (room == true). Asking for several at once lets a rank
 // that shares its core with others sleep until a batch is ready instead of waking per fragment.
@@ -80,8 +88,11 @@ class Transport {
   virtual void wait(const struct WaitItem* items, size_t n, int64_t timeout_ns) = 0;
 
   // --- control plane ---
-  // Announce that this rank enters collective `seq`; throws if the communicator was aborted.
-  virtual void begin_collective(uint64_t seq, const Descriptor& desc) = 0;
+  // Announce that this rank enters collective `seq`, with its stamp; throws if the communicator was aborted.
+  virtual void begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) = 0;
+  // The stamp `peer` announced for collective `seq`; false if it has not reached this rank (yet), or was
+  // overwritten since (the last kDescriptorRing collectives are kept).
+  virtual bool entry_stamp(int peer, uint64_t seq, EntryStamp* out) = 0;
   // Called while waiting long enough to suspect trouble: throws PeerLost (a peer died), Mismatch (a peer
   // published a different descriptor for this collective) or the error some other rank aborted with.
   virtual void check_health(const WaitContext& ctx) = 0;

@@ -1,0 +1,327 @@
+#include "engine/skew.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <string>
+
+#include "pycoll/errors.h"
+
+namespace pycoll {
+
+namespace {
+constexpr int kBroadcast = 3;  // kCollectiveNames: the one kind that is not N x N
+}  // namespace
+
+SkewRecorder::SkewRecorder(int rank, int world, const SkewConfig& config)
+    : rank_(rank),
+      world_(world),
+      config_(config),
+      entries_(world),
+      prev_entered_(world),
+      domain_(world, 0),
+      bounds_(world),
+      offset_(world),
+      late_(world) {
+  const size_t cells = static_cast<size_t>(kNumCollectives) * world;
+  count_.assign(cells, 0);
+  last_.assign(cells, 0);
+  sum_.assign(cells, 0);
+  max_.assign(cells, 0);
+  inflicted_.assign(cells, 0);
+  suffered_.assign(cells, 0);
+  hist_.resize(kNumCollectives);
+  // One slot more than reported: a notice whose window is the whole capacity still finds the collective
+  // that leaves its window.
+  const size_t cap = std::max<size_t>(1, config_.capacity) + 1;
+  recent_seq_.assign(cap, 0);
+  recent_kind_.assign(cap, 0);
+  recent_last_.assign(cap, 0);
+  recent_late_.assign(cap * world, 0);
+  recent_inflicted_.assign(cap, 0);
+  bounds_[0] = Bounds{0, 0, true};
+}
+
+int64_t SkewRecorder::now_ns() const {
+  const auto t = std::chrono::steady_clock::now().time_since_epoch();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t).count() + config_.clock_offset_ns;
+}
+
+EntryStamp SkewRecorder::enter() {
+  if (!config_.enabled) return {};
+  next_ = EntryStamp{now_ns(), last_exit_ns_};
+  return next_;
+}
+
+size_t SkewRecorder::exit(Transport& t, uint64_t seq, int collective, bool report) {
+  if (!config_.enabled) return 0;
+  last_exit_ns_ = now_ns();
+  std::lock_guard<std::mutex> lock(mu_);
+  const int kind = collective >= 0 && collective < kNumCollectives ? collective : -1;
+  pending_.push_back(Pending{seq, kind, report && kind >= 0, next_});
+  process_ready(t);
+  return events_.size();
+}
+
+void SkewRecorder::flush(Transport& t) {
+  if (!config_.enabled) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  process_ready(t);
+}
+
+// Oldest first, so that each collective's exits (in the next one's stamps) meet its entries.
+void SkewRecorder::process_ready(Transport& t) {
+  size_t done = 0;
+  for (; done < pending_.size(); ++done) {
+    const Pending& p = pending_[done];
+    if (gather(t, p)) {
+      process(p);
+      continue;
+    }
+    if (pending_.back().seq - p.seq < kHorizon) break;
+    if (p.report) ++unmatched_;
+    prev_kind_ = -1;
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+bool SkewRecorder::gather(Transport& t, const Pending& p) {
+  entries_[rank_] = p.own;
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_ && !t.entry_stamp(r, p.seq, &entries_[r])) return false;
+  return true;
+}
+
+void SkewRecorder::process(const Pending& p) {
+  for (const EntryStamp& e : entries_) {
+    if (e.entered_ns == 0) {  // a rank that records nothing (PYCOLL_SKEW=0 there)
+      if (p.report) ++unmatched_;
+      prev_kind_ = -1;
+      return;
+    }
+  }
+  update_clock(p);
+  if (!p.report) return;
+  if (!offsets()) {
+    ++unsynced_;
+    return;
+  }
+  record(p);
+}
+
+void SkewRecorder::update_clock(const Pending& p) {
+  const bool chained = prev_kind_ >= 0 && prev_kind_ != kBroadcast && prev_seq_ + 1 == p.seq;
+  bool exits = chained;
+  for (const EntryStamp& e : entries_) exits &= e.prev_exit_ns != 0;
+  if (exits) {
+    const int64_t e0 = entries_[0].entered_ns;
+    const int64_t waited = e0 - widened_at_;
+    if (widened_at_ != 0 && waited > 0) {
+      const int64_t w = static_cast<int64_t>(static_cast<double>(waited) * (kDriftPpm * 1e-6)) + 1;
+      for (int r = 1; r < world_; ++r) {
+        bounds_[r].lo -= w;
+        bounds_[r].hi += w;
+      }
+    }
+    widened_at_ = e0;
+    const int64_t x0 = entries_[0].prev_exit_ns;
+    for (int r = 1; r < world_; ++r) {
+      const int64_t a = prev_entered_[0] - entries_[r].prev_exit_ns;  // rank 0 entered before r left
+      const int64_t b = x0 - prev_entered_[r];                        // r entered before rank 0 left
+      Bounds& bd = bounds_[r];
+      if (!bd.known || std::max(bd.lo, a) > std::min(bd.hi, b)) {
+        bd = Bounds{a, b, true};  // the first interval, or a clock that stepped: start again
+      } else {
+        bd.lo = std::max(bd.lo, a);
+        bd.hi = std::min(bd.hi, b);
+      }
+    }
+  }
+  for (int r = 0; r < world_; ++r) prev_entered_[r] = entries_[r].entered_ns;
+  prev_seq_ = p.seq;
+  prev_kind_ = p.kind;
+}
+
+void SkewRecorder::set_domains(const std::vector<int64_t>& domains) {
+  if (static_cast<int>(domains.size()) != world_)
+    throw Error(ErrorKind::kInternal,
+                "clock domains for " + std::to_string(domains.size()) + " ranks, not " + std::to_string(world_));
+  std::lock_guard<std::mutex> lock(mu_);
+  domain_ = domains;
+}
+
+bool SkewRecorder::offsets() {
+  for (int r = 0; r < world_; ++r) {
+    if (domain_[r] == domain_[0]) {
+      offset_[r] = 0;
+      continue;
+    }
+    // The ranks of one domain share its offset: intersect what each of them bounds.
+    int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+    bool known = false;
+    for (int q = 1; q < world_; ++q) {
+      if (domain_[q] != domain_[r] || !bounds_[q].known) continue;
+      lo = std::max(lo, bounds_[q].lo);
+      hi = std::min(hi, bounds_[q].hi);
+      known = true;
+    }
+    if (!known) return false;
+    if (lo > hi) {  // they disagree (one of them reset): take this rank's own
+      if (!bounds_[r].known) return false;
+      lo = bounds_[r].lo;
+      hi = bounds_[r].hi;
+    }
+    offset_[r] = lo + (hi - lo) / 2;
+  }
+  return true;
+}
+
+int SkewRecorder::bucket(int64_t ns) {
+  if (ns < 1024) return 0;
+  const int e = 63 - __builtin_clzll(static_cast<uint64_t>(ns));
+  const int m = static_cast<int>((static_cast<uint64_t>(ns) >> (e - 4)) & 15);
+  return std::min(kBuckets - 1, (e - 10) * kBucketsPerOctave + m + 1);
+}
+
+int64_t SkewRecorder::bucket_floor(int b) {
+  if (b <= 0) return 0;
+  const int e = (b - 1) / kBucketsPerOctave + 10, m = (b - 1) % kBucketsPerOctave;
+  return static_cast<int64_t>(16 + m) << (e - 4);
+}
+
+void SkewRecorder::record(const Pending& p) {
+  int64_t first = std::numeric_limits<int64_t>::max(), latest = std::numeric_limits<int64_t>::min();
+  int last = 0;
+  for (int r = 0; r < world_; ++r) {
+    const int64_t at = entries_[r].entered_ns + offset_[r];
+    late_[r] = at;
+    first = std::min(first, at);
+    if (at > latest) {
+      latest = at;
+      last = r;
+    }
+  }
+  const size_t cap = recent_seq_.size(), slot = recorded_ % cap;
+  const size_t base = static_cast<size_t>(p.kind) * world_;
+  std::vector<uint32_t>& hist = hist_[p.kind];
+  if (hist.empty()) hist.assign(static_cast<size_t>(world_) * kBuckets, 0);
+  int64_t inflicted = 0;
+  int64_t* const recent = recent_late_.data() + slot * world_;
+  for (int r = 0; r < world_; ++r) {
+    const int64_t late = late_[r] - first, waited = latest - late_[r];
+    const size_t i = base + r;
+    ++count_[i];
+    sum_[i] += late;
+    max_[i] = std::max(max_[i], late);
+    suffered_[i] += waited;
+    inflicted += waited;
+    ++hist[static_cast<size_t>(r) * kBuckets + bucket(late)];
+    recent[r] = late;
+  }
+  inflicted_[base + last] += inflicted;
+  ++last_[base + last];
+  recent_seq_[slot] = p.seq;
+  recent_kind_[slot] = p.kind;
+  recent_last_[slot] = last;
+  recent_inflicted_[slot] = inflicted;
+  ++recorded_;
+  if (!notices_.empty()) notify(slot);
+}
+
+// Each notice keeps per rank the sums over its window: the collective that just came in is added, the
+// one that left the window taken out.
+void SkewRecorder::notify(size_t slot) {
+  const size_t cap = recent_seq_.size();
+  for (Notice& n : notices_) {
+    const int64_t* in = recent_late_.data() + slot * world_;
+    if (recorded_ > n.window) {
+      const size_t old = (slot + cap - n.window) % cap;
+      const int64_t* out = recent_late_.data() + old * world_;
+      for (int r = 0; r < world_; ++r) n.sum_late[r] -= out[r];
+      n.sum_inflicted[recent_last_[old]] -= recent_inflicted_[old];
+    }
+    for (int r = 0; r < world_; ++r) n.sum_late[r] += in[r];
+    n.sum_inflicted[recent_last_[slot]] += recent_inflicted_[slot];
+    if (recorded_ < n.window) continue;
+    const int64_t limit = n.late_ns * static_cast<int64_t>(n.window);
+    for (int r = 0; r < world_; ++r) {
+      if (n.sum_late[r] <= limit || recorded_ < n.quiet_until[r]) continue;
+      n.quiet_until[r] = recorded_ + n.window;
+      events_.push_back(SkewEvent{n.id, r, recent_seq_[slot], n.window, n.sum_late[r] / static_cast<int64_t>(n.window),
+                                  n.sum_inflicted[r]});
+    }
+  }
+}
+
+int SkewRecorder::add_notice(int64_t late_ns, uint32_t window) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t cap = recent_seq_.size(), keep = cap - 1;
+  if (window == 0 || window > keep)
+    throw Error(ErrorKind::kInvalidUsage, "a straggler notice's window must be 1.." + std::to_string(keep) +
+                                              " collectives (PYCOLL_SKEW_WINDOW keeps " + std::to_string(keep) +
+                                              "), got " + std::to_string(window));
+  Notice n{next_notice_++,
+           late_ns,
+           window,
+           std::vector<int64_t>(world_, 0),
+           std::vector<int64_t>(world_, 0),
+           std::vector<uint64_t>(world_, 0)};
+  // Start from the collectives already recorded, so that it judges a full window from the next one on.
+  const uint64_t have = std::min<uint64_t>(recorded_, window);
+  for (uint64_t k = 0; k < have; ++k) {
+    const size_t s = (recorded_ - 1 - k) % cap;
+    for (int r = 0; r < world_; ++r) n.sum_late[r] += recent_late_[s * world_ + r];
+    n.sum_inflicted[recent_last_[s]] += recent_inflicted_[s];
+  }
+  notices_.push_back(std::move(n));
+  return notices_.back().id;
+}
+
+void SkewRecorder::remove_notice(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  notices_.erase(std::remove_if(notices_.begin(), notices_.end(), [id](const Notice& n) { return n.id == id; }),
+                 notices_.end());
+}
+
+std::vector<SkewEvent> SkewRecorder::take_events() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SkewEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+SkewSnapshot SkewRecorder::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SkewSnapshot s;
+  s.world = world_;
+  s.buckets = kBuckets;
+  s.recorded = recorded_;
+  s.unmatched = unmatched_;
+  s.unsynced = unsynced_;
+  s.count = count_;
+  s.last = last_;
+  s.sum_ns = sum_;
+  s.max_ns = max_;
+  s.inflicted_ns = inflicted_;
+  s.suffered_ns = suffered_;
+  s.hist.assign(static_cast<size_t>(kNumCollectives) * world_ * kBuckets, 0);
+  for (int k = 0; k < kNumCollectives; ++k)
+    if (!hist_[k].empty()) std::copy(hist_[k].begin(), hist_[k].end(), s.hist.begin() + k * world_ * kBuckets);
+  const size_t cap = recent_seq_.size(), n = std::min<uint64_t>(recorded_, cap - 1);
+  for (size_t j = 0; j < n; ++j) {
+    const size_t slot = (recorded_ - n + j) % cap;
+    s.recent_seq.push_back(recent_seq_[slot]);
+    s.recent_kind.push_back(recent_kind_[slot]);
+    s.recent_last.push_back(recent_last_[slot]);
+    s.recent_late_ns.insert(s.recent_late_ns.end(), recent_late_.begin() + slot * world_,
+                            recent_late_.begin() + (slot + 1) * world_);
+  }
+  for (int r = 0; r < world_; ++r) {
+    const bool same = domain_[r] == domain_[0];
+    s.offset_ns.push_back(same ? 0 : offset_[r]);
+    s.uncertainty_ns.push_back(same ? 0 : bounds_[r].known ? (bounds_[r].hi - bounds_[r].lo) / 2 : -1);
+  }
+  return s;
+}
+
+}  // namespace pycoll
