@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from pycoll.bench.baselines import Baseline
+    from pycoll.skew import SkewReport
 
 __all__ = ["exit_rank", "main", "run_worker"]
 
@@ -150,9 +151,11 @@ def run_worker(job: Job) -> int:
             record_meta=record_meta,
             progress=progress,
         )
+        skew = comm.skew()  # every rank: it is a collective
         if rank == 0 and job.table:
             for note in notes:
                 print(f"# {note}", flush=True)
+            print_skew(skew)
             if job.plot:
                 from pycoll.bench import plots
 
@@ -172,6 +175,14 @@ def run_worker(job: Job) -> int:
                 pass
         pycoll.finalize(comm)
     return 0
+
+
+def print_skew(report: SkewReport) -> None:
+    """The skew table after the busbw table, every line a comment (``#``), as nccl-tests' parsers expect
+    of anything that is not a result row."""
+    print("#", flush=True)
+    for line in str(report).splitlines():
+        print(line if line.startswith("#") else "#" + line[1:], flush=True)
 
 
 def _no_print(line: str) -> None:

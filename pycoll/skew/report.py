@@ -161,15 +161,24 @@ def _section_from(d: Mapping[str, Any]) -> SkewSection:
 
 
 def _verdict(s: SkewSection) -> str:
-    """ "rank 3 (host b) last in 97% of 1000; the others waited 12.4 ms for it (mean 0.41 ms late)"."""
-    if not s.collectives or not s.last_most_often:
-        return "nothing recorded"
-    r = s.ranks[s.last_most_often[0]]
-    share = 100.0 * r.last / max(1, s.collectives)
-    who = ", ".join(str(x) for x in s.last_most_often)
+    """Who kept the others waiting: the rank that inflicted the most wait, when it stands out (at least
+    twice its fair share of all the waiting, or 90% of it with two ranks), else "balanced"."""
+    total = sum(r.wait_inflicted_ms for r in s.ranks)
+    if not s.collectives or total <= 0:
+        return "nothing recorded" if not s.collectives else "no rank kept the others waiting"
+    top = max(s.ranks, key=lambda r: r.wait_inflicted_ms)
+    world = len(s.ranks)
+    share = top.wait_inflicted_ms / total
+    if share < min(0.9, 2.0 / world):
+        return (
+            f"balanced: no rank stands out (the most, rank {top.rank} ({top.host}), caused "
+            f"{100 * share:.0f}% "
+            f"of the {total:.3f} ms the ranks waited; an even share is {100 / world:.0f}%)"
+        )
     return (
-        f"rank {who} ({r.host}) entered last in {share:.0f}% of {s.collectives}; the others waited "
-        f"{r.wait_inflicted_ms:.3f} ms for it in all (mean {r.late_ms['mean']:.3f} ms late)"
+        f"rank {top.rank} ({top.host}) kept the others waiting: {top.wait_inflicted_ms:.3f} ms of the "
+        f"{total:.3f} ms they waited ({100 * share:.0f}%); last in {100 * top.last / s.collectives:.0f}% of "
+        f"{s.collectives}, {top.late_ms['mean']:.3f} ms late on average"
     )
 
 

@@ -19,7 +19,7 @@ never imports this module (nor torch).
 from __future__ import annotations
 
 from pycoll.torch.backend import BACKEND_NAME, ProcessGroupPycoll, register
-from pycoll.torch.hooks import HookState, allreduce_hook, init_from_process_group
+from pycoll.torch.hooks import HookState, allreduce_hook, init_from_process_group, skew_report
 from pycoll.torch.launch import init_process_group
 from pycoll.torch.options import Options
 from pycoll.torch.powersgd import PowerSGDState, powersgd_hook
@@ -37,4 +37,5 @@ __all__ = [
     "init_process_group",
     "powersgd_hook",
     "register",
+    "skew_report",
 ]

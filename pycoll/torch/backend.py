@@ -57,6 +57,7 @@ from torch._C._distributed_c10d import (
 import pycoll
 from pycoll.bootstrap import TorchStoreAdapter
 from pycoll.errors import InvalidUsageError
+from pycoll.skew import Notice, SkewReport, StragglerEvent
 from pycoll.torch.options import Options, Residuals
 from pycoll.torch.p2p import Channels, when_all
 from pycoll.torch.pg_work import TorchWork
@@ -124,6 +125,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._user = Channels(TorchStoreAdapter(dist.PrefixStore("user/", store)), rank, self.timeout_s)
         self._coll = Channels(TorchStoreAdapter(dist.PrefixStore("coll/", store)), rank, self.timeout_s)
         self._residuals = Residuals(self.options.max_residuals)
+
+    # ---- skew (pycoll/skew/) -----------------------------------------------------------------------
+    def skew(self, window: int | None = None) -> SkewReport:
+        """Who entered this group's collectives late, and how long the others waited for them: the
+        group's communicator's report (``Communicator.skew``; docs/skew.md). Every rank must call it."""
+        return self.comm.skew(window)
+
+    def on_straggler(
+        self, callback: Callable[[StragglerEvent], None] | None = None, *, late_ms: float, window: int = 100
+    ) -> Notice:
+        """``Communicator.on_straggler`` on the group's communicator."""
+        return self.comm.on_straggler(callback, late_ms=late_ms, window=window)
 
     # ---- what torch asks of every process group ----------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - the C++ name torch's trampoline looks up

@@ -20,6 +20,7 @@ import pycoll
 from pycoll.comm import Communicator
 from pycoll.compression import CODEC_DTYPES, Codec, get_codec
 from pycoll.errors import InvalidUsageError
+from pycoll.skew import SkewReport
 from pycoll.torch.backend import ProcessGroupPycoll
 
 _TORCH_CODEC_DTYPES = {getattr(torch, name) for name in CODEC_DTYPES}
@@ -73,6 +74,11 @@ class CommState:
         if self.comm is None:
             self.comm = pycoll.get_comm() if pycoll.is_initialized() else init_from_process_group()
         return self.comm
+
+    def skew(self, window: int | None = None) -> SkewReport:
+        """The skew report of the hook's communicator (``Communicator.skew``; docs/skew.md): who entered
+        the gradient all-reduces late, and how long the others waited. Every rank must call it."""
+        return self.communicator().skew(window)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -168,6 +174,23 @@ class HookState(CommState):
         for key in [k for k, it in self.last_used.items() if it < self.iter - 1]:
             del self.residuals[key], self.last_used[key]
         self.iter += 1
+
+
+def skew_report(group: Any = None, window: int | None = None) -> SkewReport:
+    """The skew report of a "pycoll" process group (the default group when None): who entered its
+    collectives late (docs/skew.md). Every rank of the group must call it. For DDP's gradients under
+    another backend with pycoll's hook, ask the hook's state (``HookState.skew()``)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidUsageError("skew_report() needs torch.distributed initialized (dist.init_process_group)")
+    from torch.distributed import distributed_c10d as c10d
+
+    pg = group if group is not None else c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupPycoll):
+        raise InvalidUsageError(
+            f"the process group runs on {dist.get_backend(pg)!r}, not pycoll: its collectives are not "
+            "recorded. With pycoll's DDP hook, the hook's state has the report (HookState.skew())"
+        )
+    return pg.skew(window)
 
 
 def _runs(sizes: list[int], min_numel: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

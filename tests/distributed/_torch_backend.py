@@ -410,3 +410,35 @@ def async_order(_comm: Any, rank: int, world: int) -> dict[str, Any]:
         w.wait()
     return {"gathered": [float(o.min()) for o in outs] + [float(o.max()) for o in outs],
             "scattered": [float(mine.min()), float(mine.max())]}
+
+
+def skew(_comm: Any, rank: int, world: int, delayed: int, delay_s: float, n: int) -> dict[str, Any]:
+    """``n`` all-reduces on the pycoll group, rank ``delayed`` sleeping ``delay_s`` before every other
+    one: the group's skew report over them (pycoll.torch.skew_report and group.skew agree), when this
+    rank called each, and what a gloo group's report request raises."""
+    import torch
+    import torch.distributed as dist
+
+    import pycoll.torch as pt
+    from pycoll.errors import InvalidUsageError
+
+    t = torch.ones(256)
+    entered = []  # when this rank called each all-reduce (one clock for every rank of this host), ms
+    for i in range(n):
+        if rank == delayed and i % 2 == 0:
+            time.sleep(delay_s)
+        entered.append(time.monotonic() * 1000)
+        dist.all_reduce(t)
+    report = pt.skew_report(window=n).to_dict()
+    again = dist.group.WORLD.skew(window=n).to_dict()
+    try:
+        pt.skew_report(_STATE["gloo"])
+        refused = ""
+    except InvalidUsageError as e:
+        refused = str(e)
+    return {
+        "report": report["window"],
+        "again_ranks": len(again["window"]["ranks"]),
+        "refused": refused,
+        "entered_ms": entered,
+    }

@@ -311,5 +311,37 @@ def body_small_gradients_exact(comm, rank, world, tag):
     return failures, digests
 
 
+def body_hook_skew(comm, rank, world, tag, delayed, delay_s, steps):
+    """The hook state's skew report: rank ``delayed`` sleeps before every backward pass."""
+    import time
+
+    import pycoll.torch as pt
+
+    process_group(rank, world, tag)
+    ddp = _ddp(_model())
+    state = pt.HookState()
+    ddp.register_comm_hook(state, pt.allreduce_hook)
+    before = state.communicator().skew_local().run.collectives
+    for step in range(steps):
+        if rank == delayed:
+            time.sleep(delay_s)
+        _backward(ddp, rank, step)
+    report = state.skew().to_dict()
+    return report, before
+
+
+def test_hook_state_reports_the_rank_that_arrives_late(rank_pool):
+    delayed, delay_ms, steps = 1, 20.0, 6
+    got = rank_pool(2).run(body_hook_skew, session_tag(), delayed, delay_ms / 1000, steps, timeout=60)
+    reports = [r for r, _ in got]
+    assert all(r == reports[0] for r in reports)  # the same on every rank
+    ranks = reports[0]["ranks"]
+    assert reports[0]["collectives"] >= steps + got[0][1]
+    # The first bucket of every backward pass waits for the delayed rank: about delay_ms, less what the
+    # other rank's own compute before that bucket and its scheduling on a shared core took.
+    assert ranks[delayed]["wait_inflicted_ms"] >= 0.6 * delay_ms * steps
+    assert ranks[delayed]["wait_inflicted_ms"] > 3 * ranks[1 - delayed]["wait_inflicted_ms"]
+
+
 def test_small_gradients_go_uncompressed(rank_pool):
     _check(rank_pool(2).run(body_small_gradients_exact, session_tag(), timeout=60))

@@ -166,6 +166,29 @@ def test_async_ops_see_what_the_ops_before_them_wrote(pools):
         assert got["scattered"] == [world * total] * 2
 
 
+def test_skew_report_names_the_rank_that_arrives_late(pools):
+    world, delayed, delay_ms, n = 2, 1, 20.0, 20
+    got = pools(world).run(tb.skew, delayed, delay_ms / 1000, n, timeout=60)
+    for g in got:
+        assert g["report"] == got[0]["report"]  # the same report on every rank
+        assert g["again_ranks"] == world
+        assert "gloo" in g["refused"] and "HookState.skew()" in g["refused"]
+    window = got[0]["report"]
+    assert window["collectives"] == n and window["ranks"][delayed]["last"] >= n // 2  # every delayed one
+    # The truth: when each rank called each all-reduce (one clock on this host). It is more than the
+    # sleeps: a loaded VM wakes a sleeping rank late, and that rank then enters the next one late too.
+    calls = [g["entered_ms"] for g in got]
+    truth = [max(c) - min(c) for c in zip(*calls)]
+    mine = [c[delayed] - min(c) for c in zip(*calls)]
+    late = window["ranks"][delayed]
+    assert sum(mine) >= 0.9 * delay_ms * n / 2
+    assert abs(late["late_ms"]["mean"] - sum(mine) / n) <= max(0.1 * sum(mine) / n, 2.0)
+    assert abs(late["wait_inflicted_ms"] - sum(t for t, m in zip(truth, mine) if m > 0)) <= max(
+        0.1 * sum(mine), 2.0 * n
+    )
+    assert window["ranks"][1 - delayed]["late_ms"]["mean"] < 2.0
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_lossless_results_equal_gloos_and_are_identical(pools, world):
     n = 1 << 18
