@@ -19,7 +19,7 @@ SkewRecorder::SkewRecorder(int rank, int world, const SkewConfig& config)
       config_(config),
       entries_(world),
       prev_entered_(world),
-      domain_(world, 0),
+      domain_index_(world, 0),
       bounds_(world),
       offset_(world),
       late_(world) {
@@ -147,31 +147,39 @@ void SkewRecorder::set_domains(const std::vector<int64_t>& domains) {
     throw Error(ErrorKind::kInternal,
                 "clock domains for " + std::to_string(domains.size()) + " ranks, not " + std::to_string(world_));
   std::lock_guard<std::mutex> lock(mu_);
-  domain_ = domains;
+  std::vector<int64_t> seen;
+  for (int r = 0; r < world_; ++r) {
+    const auto at = std::find(seen.begin(), seen.end(), domains[r]);
+    domain_index_[r] = static_cast<int>(at - seen.begin());
+    if (at == seen.end()) seen.push_back(domains[r]);
+  }
+  domains_ = static_cast<int>(seen.size());
+  domain_bounds_.assign(seen.size(), Bounds{});
 }
 
 bool SkewRecorder::offsets() {
+  if (domains_ == 1) {  // one clock (one host, or hosts not told apart): nothing to estimate
+    std::fill(offset_.begin(), offset_.end(), 0);
+    return true;
+  }
+  // The ranks of one domain share its offset: intersect what each of them bounds.
+  for (Bounds& d : domain_bounds_) d = Bounds{std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+  for (int r = 1; r < world_; ++r) {
+    Bounds& d = domain_bounds_[domain_index_[r]];
+    if (!bounds_[r].known) continue;
+    d.lo = std::max(d.lo, bounds_[r].lo);
+    d.hi = std::min(d.hi, bounds_[r].hi);
+    d.known = true;
+  }
   for (int r = 0; r < world_; ++r) {
-    if (domain_[r] == domain_[0]) {
+    if (domain_index_[r] == domain_index_[0]) {
       offset_[r] = 0;
       continue;
     }
-    // The ranks of one domain share its offset: intersect what each of them bounds.
-    int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
-    bool known = false;
-    for (int q = 1; q < world_; ++q) {
-      if (domain_[q] != domain_[r] || !bounds_[q].known) continue;
-      lo = std::max(lo, bounds_[q].lo);
-      hi = std::min(hi, bounds_[q].hi);
-      known = true;
-    }
-    if (!known) return false;
-    if (lo > hi) {  // they disagree (one of them reset): take this rank's own
-      if (!bounds_[r].known) return false;
-      lo = bounds_[r].lo;
-      hi = bounds_[r].hi;
-    }
-    offset_[r] = lo + (hi - lo) / 2;
+    Bounds b = domain_bounds_[domain_index_[r]];
+    if (b.known && b.lo > b.hi) b = bounds_[r];  // they disagree (one of them reset): this rank's own
+    if (!b.known) return false;
+    offset_[r] = b.lo + (b.hi - b.lo) / 2;
   }
   return true;
 }
@@ -317,7 +325,7 @@ SkewSnapshot SkewRecorder::snapshot() const {
                             recent_late_.begin() + (slot + 1) * world_);
   }
   for (int r = 0; r < world_; ++r) {
-    const bool same = domain_[r] == domain_[0];
+    const bool same = domain_index_[r] == domain_index_[0];
     s.offset_ns.push_back(same ? 0 : offset_[r]);
     s.uncertainty_ns.push_back(same ? 0 : bounds_[r].known ? (bounds_[r].hi - bounds_[r].lo) / 2 : -1);
   }

@@ -145,9 +145,11 @@ class SkewRecorder {
   uint64_t prev_seq_ = 0;
   int prev_kind_ = -1;
   std::vector<int64_t> prev_entered_;
-  std::vector<int64_t> domain_;
-  std::vector<Bounds> bounds_;  // per rank: its offset to rank 0's clock
-  int64_t widened_at_ = 0;      // rank 0's entry (its clock) when the bounds were last widened
+  std::vector<int> domain_index_;  // per rank: its clock domain, numbered by first appearance
+  int domains_ = 1;
+  std::vector<Bounds> bounds_;         // per rank: its offset to rank 0's clock
+  std::vector<Bounds> domain_bounds_;  // per domain: the intersection of its ranks' bounds
+  int64_t widened_at_ = 0;             // rank 0's entry (its clock) when the bounds were last widened
   std::vector<int64_t> offset_, late_;
   // totals
   uint64_t recorded_ = 0, unmatched_ = 0, unsynced_ = 0;
