@@ -76,7 +76,7 @@ struct SkewSnapshot {
 class SkewRecorder {
  public:
   static constexpr int kBucketsPerOctave = 16;
-  static constexpr int kBuckets = 512;  // up to 2^41 ns (36 minutes); later values go in the last
+  static constexpr int kBuckets = 512;  // the last starts at 30 * 2^37 ns (68 minutes) and takes all above
   static constexpr uint64_t kHorizon = 8;
   static constexpr double kDriftPpm = 100;
 

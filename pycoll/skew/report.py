@@ -4,7 +4,7 @@ Built from the native recorder's snapshot (csrc/engine/skew.h names the parts: s
 wait, totals, recent); read it as docs/skew.md explains. Times are milliseconds.
 
 - **run**: every recorded collective since the communicator was made (percentiles from a histogram of 16
-  buckets per octave: within 3%).
+  buckets per octave, read at a bucket's middle: within 3.2%).
 - **window**: the most recent collectives (PYCOLL_SKEW_WINDOW, or the ``window`` asked for); exact.
 - **kinds**: the run, one collective kind at a time.
 """
