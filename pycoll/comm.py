@@ -571,7 +571,7 @@ class Communicator:
             if self._plane is not None:
                 self._plane.revoke(f"rank {self.rank} was interrupted ({type(e).__name__})")
             raise
-        if events and self._skew is not None:
+        if events and report and self._skew is not None:  # never inside the library's own collectives
             self._skew.dispatch()
 
     def native(self) -> _C.NativeCommunicator:
@@ -608,9 +608,10 @@ class Communicator:
         late_ms: float,
         window: int = STRAGGLER_WINDOW,
     ) -> Notice:
-        """Calls ``callback(event)`` (on every rank, after the collective that completed the window) when
-        one rank's mean lateness over the last ``window`` collectives passes ``late_ms``, and again once per
-        window while it stays above; rank 0 also logs a WARNING on the ``pycoll`` logger (at most one a
+        """Calls ``callback(event)`` when one rank's mean lateness over the last ``window`` collectives
+        passes ``late_ms``, and again once per window while it stays above: on every rank, after the same
+        collective (the one that completed the window, or up to 3 later: collectives are processed 4 at a
+        time); rank 0 also logs a WARNING on the ``pycoll`` logger (at most one a
         minute per rank). ``callback=None``: the WARNING only. Returns a Notice (``.remove()``)."""
         if self._skew is None or self._native is None:
             raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")

@@ -18,27 +18,24 @@ SkewRecorder::SkewRecorder(int rank, int world, const SkewConfig& config)
       world_(world),
       config_(config),
       entries_(world),
+      pending_(kPendingSlots),
       prev_entered_(world),
       domain_index_(world, 0),
       bounds_(world),
       offset_(world),
       late_(world) {
   const size_t cells = static_cast<size_t>(kNumCollectives) * world;
-  count_.assign(cells, 0);
   last_.assign(cells, 0);
   sum_.assign(cells, 0);
   max_.assign(cells, 0);
   inflicted_.assign(cells, 0);
-  suffered_.assign(cells, 0);
   hist_.resize(kNumCollectives);
   // One slot more than reported: a notice whose window is the whole capacity still finds the collective
   // that leaves its window.
   const size_t cap = std::max<size_t>(1, config_.capacity) + 1;
-  recent_seq_.assign(cap, 0);
-  recent_kind_.assign(cap, 0);
-  recent_last_.assign(cap, 0);
+  recent_.assign(cap, Recent{});
+  kinds_.assign(kNumCollectives, Kind{});
   recent_late_.assign(cap * world, 0);
-  recent_inflicted_.assign(cap, 0);
   bounds_[0] = Bounds{0, 0, true};
 }
 
@@ -55,10 +52,14 @@ EntryStamp SkewRecorder::enter() {
 
 size_t SkewRecorder::exit(Transport& t, uint64_t seq, int collective, bool report) {
   if (!config_.enabled) return 0;
-  last_exit_ns_ = now_ns();
   std::lock_guard<std::mutex> lock(mu_);
+  if (domains_ > 1) last_exit_ns_ = now_ns();  // exits only feed the clock estimate
   const int kind = collective >= 0 && collective < kNumCollectives ? collective : -1;
-  pending_.push_back(Pending{seq, kind, report && kind >= 0, next_});
+  pending_[(pending_head_ + pending_count_) % kPendingSlots] = Pending{seq, kind, report && kind >= 0, next_};
+  ++pending_count_;
+  // Batches end at the same collective numbers on every rank, and so do the events handed out: every
+  // rank's callbacks run after the same collective (as long as the stamps they need have arrived).
+  if (seq % kBatch != 0 && pending_count_ < kPendingSlots) return 0;
   process_ready(t);
   return events_.size();
 }
@@ -71,18 +72,17 @@ void SkewRecorder::flush(Transport& t) {
 
 // Oldest first, so that each collective's exits (in the next one's stamps) meet its entries.
 void SkewRecorder::process_ready(Transport& t) {
-  size_t done = 0;
-  for (; done < pending_.size(); ++done) {
-    const Pending& p = pending_[done];
+  const uint64_t latest = pending_[(pending_head_ + pending_count_ + kPendingSlots - 1) % kPendingSlots].seq;
+  for (; pending_count_ > 0; --pending_count_, pending_head_ = (pending_head_ + 1) % kPendingSlots) {
+    const Pending& p = pending_[pending_head_];
     if (gather(t, p)) {
       process(p);
       continue;
     }
-    if (pending_.back().seq - p.seq < kHorizon) break;
+    if (latest - p.seq < kHorizon && pending_count_ < kPendingSlots) break;
     if (p.report) ++unmatched_;
     prev_kind_ = -1;
   }
-  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 bool SkewRecorder::gather(Transport& t, const Pending& p) {
@@ -110,6 +110,10 @@ void SkewRecorder::process(const Pending& p) {
 }
 
 void SkewRecorder::update_clock(const Pending& p) {
+  if (domains_ == 1) {  // one clock: no offset to bound
+    prev_kind_ = -1;
+    return;
+  }
   const bool chained = prev_kind_ >= 0 && prev_kind_ != kBroadcast && prev_seq_ + 1 == p.seq;
   bool exits = chained;
   for (const EntryStamp& e : entries_) exits &= e.prev_exit_ns != 0;
@@ -155,13 +159,11 @@ void SkewRecorder::set_domains(const std::vector<int64_t>& domains) {
   }
   domains_ = static_cast<int>(seen.size());
   domain_bounds_.assign(seen.size(), Bounds{});
+  std::fill(offset_.begin(), offset_.end(), 0);
 }
 
 bool SkewRecorder::offsets() {
-  if (domains_ == 1) {  // one clock (one host, or hosts not told apart): nothing to estimate
-    std::fill(offset_.begin(), offset_.end(), 0);
-    return true;
-  }
+  if (domains_ == 1) return true;  // one clock (offset_ stays 0): nothing to estimate
   // The ranks of one domain share its offset: intersect what each of them bounds.
   for (Bounds& d : domain_bounds_) d = Bounds{std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
   for (int r = 1; r < world_; ++r) {
@@ -197,41 +199,49 @@ int64_t SkewRecorder::bucket_floor(int b) {
   return static_cast<int64_t>(16 + m) << (e - 4);
 }
 
+// What is per rank is what differs by rank (sum, max, histogram of lateness); counts and the wait are
+// kept per kind (every rank takes part in every collective, and a rank's wait is the collective's spread
+// minus its own lateness), so that a collective touches few cache lines.
 void SkewRecorder::record(const Pending& p) {
+  // Locals, not members, in the loops: the stores below could otherwise alias this object's counters.
+  const int world = world_;
+  const EntryStamp* const entries = entries_.data();
+  const int64_t* const offset = offset_.data();
+  int64_t* const at = late_.data();
   int64_t first = std::numeric_limits<int64_t>::max(), latest = std::numeric_limits<int64_t>::min();
   int last = 0;
-  for (int r = 0; r < world_; ++r) {
-    const int64_t at = entries_[r].entered_ns + offset_[r];
-    late_[r] = at;
-    first = std::min(first, at);
-    if (at > latest) {
-      latest = at;
+  for (int r = 0; r < world; ++r) {
+    at[r] = entries[r].entered_ns + offset[r];
+    first = std::min(first, at[r]);
+    if (at[r] > latest) {
+      latest = at[r];
       last = r;
     }
   }
-  const size_t cap = recent_seq_.size(), slot = recorded_ % cap;
-  const size_t base = static_cast<size_t>(p.kind) * world_;
-  std::vector<uint32_t>& hist = hist_[p.kind];
-  if (hist.empty()) hist.assign(static_cast<size_t>(world_) * kBuckets, 0);
-  int64_t inflicted = 0;
-  int64_t* const recent = recent_late_.data() + slot * world_;
-  for (int r = 0; r < world_; ++r) {
-    const int64_t late = late_[r] - first, waited = latest - late_[r];
-    const size_t i = base + r;
-    ++count_[i];
-    sum_[i] += late;
-    max_[i] = std::max(max_[i], late);
-    suffered_[i] += waited;
-    inflicted += waited;
+  const size_t cap = recent_.size(), slot = recorded_ % cap;
+  const size_t base = static_cast<size_t>(p.kind) * world;
+  std::vector<uint32_t>& hist_of_kind = hist_[p.kind];
+  if (hist_of_kind.empty()) hist_of_kind.assign(static_cast<size_t>(world) * kBuckets, 0);
+  uint32_t* const hist = hist_of_kind.data();
+  int64_t* const sum = sum_.data() + base;
+  int64_t* const top = max_.data() + base;
+  int64_t* const recent = recent_late_.data() + slot * world;
+  int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    const int64_t late = at[r] - first;
+    sum[r] += late;
+    top[r] = std::max(top[r], late);
+    total += late;
     ++hist[static_cast<size_t>(r) * kBuckets + bucket(late)];
     recent[r] = late;
   }
+  const int64_t spread = latest - first, inflicted = spread * world - total;
+  Kind& k = kinds_[p.kind];
+  ++k.count;
+  k.spread += spread;
   inflicted_[base + last] += inflicted;
   ++last_[base + last];
-  recent_seq_[slot] = p.seq;
-  recent_kind_[slot] = p.kind;
-  recent_last_[slot] = last;
-  recent_inflicted_[slot] = inflicted;
+  recent_[slot] = Recent{p.seq, p.kind, last, inflicted};
   ++recorded_;
   if (!notices_.empty()) notify(slot);
 }
@@ -239,23 +249,23 @@ void SkewRecorder::record(const Pending& p) {
 // Each notice keeps per rank the sums over its window: the collective that just came in is added, the
 // one that left the window taken out.
 void SkewRecorder::notify(size_t slot) {
-  const size_t cap = recent_seq_.size();
+  const size_t cap = recent_.size();
   for (Notice& n : notices_) {
     const int64_t* in = recent_late_.data() + slot * world_;
     if (recorded_ > n.window) {
       const size_t old = (slot + cap - n.window) % cap;
       const int64_t* out = recent_late_.data() + old * world_;
       for (int r = 0; r < world_; ++r) n.sum_late[r] -= out[r];
-      n.sum_inflicted[recent_last_[old]] -= recent_inflicted_[old];
+      n.sum_inflicted[recent_[old].last] -= recent_[old].inflicted;
     }
     for (int r = 0; r < world_; ++r) n.sum_late[r] += in[r];
-    n.sum_inflicted[recent_last_[slot]] += recent_inflicted_[slot];
+    n.sum_inflicted[recent_[slot].last] += recent_[slot].inflicted;
     if (recorded_ < n.window) continue;
     const int64_t limit = n.late_ns * static_cast<int64_t>(n.window);
     for (int r = 0; r < world_; ++r) {
       if (n.sum_late[r] <= limit || recorded_ < n.quiet_until[r]) continue;
       n.quiet_until[r] = recorded_ + n.window;
-      events_.push_back(SkewEvent{n.id, r, recent_seq_[slot], n.window, n.sum_late[r] / static_cast<int64_t>(n.window),
+      events_.push_back(SkewEvent{n.id, r, recent_[slot].seq, n.window, n.sum_late[r] / static_cast<int64_t>(n.window),
                                   n.sum_inflicted[r]});
     }
   }
@@ -263,7 +273,7 @@ void SkewRecorder::notify(size_t slot) {
 
 int SkewRecorder::add_notice(int64_t late_ns, uint32_t window) {
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t cap = recent_seq_.size(), keep = cap - 1;
+  const size_t cap = recent_.size(), keep = cap - 1;
   if (window == 0 || window > keep)
     throw Error(ErrorKind::kInvalidUsage, "a straggler notice's window must be 1.." + std::to_string(keep) +
                                               " collectives (PYCOLL_SKEW_WINDOW keeps " + std::to_string(keep) +
@@ -279,7 +289,7 @@ int SkewRecorder::add_notice(int64_t late_ns, uint32_t window) {
   for (uint64_t k = 0; k < have; ++k) {
     const size_t s = (recorded_ - 1 - k) % cap;
     for (int r = 0; r < world_; ++r) n.sum_late[r] += recent_late_[s * world_ + r];
-    n.sum_inflicted[recent_last_[s]] += recent_inflicted_[s];
+    n.sum_inflicted[recent_[s].last] += recent_[s].inflicted;
   }
   notices_.push_back(std::move(n));
   return notices_.back().id;
@@ -306,21 +316,26 @@ SkewSnapshot SkewRecorder::snapshot() const {
   s.recorded = recorded_;
   s.unmatched = unmatched_;
   s.unsynced = unsynced_;
-  s.count = count_;
+  s.count.resize(last_.size());
+  s.suffered_ns.resize(last_.size());
+  for (size_t i = 0; i < last_.size(); ++i) {
+    const Kind& k = kinds_[i / world_];
+    s.count[i] = k.count;
+    s.suffered_ns[i] = k.spread - sum_[i];  // each collective: its spread minus this rank's lateness
+  }
   s.last = last_;
   s.sum_ns = sum_;
   s.max_ns = max_;
   s.inflicted_ns = inflicted_;
-  s.suffered_ns = suffered_;
   s.hist.assign(static_cast<size_t>(kNumCollectives) * world_ * kBuckets, 0);
   for (int k = 0; k < kNumCollectives; ++k)
     if (!hist_[k].empty()) std::copy(hist_[k].begin(), hist_[k].end(), s.hist.begin() + k * world_ * kBuckets);
-  const size_t cap = recent_seq_.size(), n = std::min<uint64_t>(recorded_, cap - 1);
+  const size_t cap = recent_.size(), n = std::min<uint64_t>(recorded_, cap - 1);
   for (size_t j = 0; j < n; ++j) {
     const size_t slot = (recorded_ - n + j) % cap;
-    s.recent_seq.push_back(recent_seq_[slot]);
-    s.recent_kind.push_back(recent_kind_[slot]);
-    s.recent_last.push_back(recent_last_[slot]);
+    s.recent_seq.push_back(recent_[slot].seq);
+    s.recent_kind.push_back(recent_[slot].kind);
+    s.recent_last.push_back(recent_[slot].last);
     s.recent_late_ns.insert(s.recent_late_ns.end(), recent_late_.begin() + slot * world_,
                             recent_late_.begin() + (slot + 1) * world_);
   }

@@ -6,9 +6,9 @@
 // The parts, by the names used below:
 //   stamp     what this rank announces as it enters collective seq: its entry time and the time it left
 //             the collective before, on its own clock (the steady clock, plus a test offset).
-//   entries   collective seq's stamps of every rank, read back after this rank's own collectives once
-//             all have arrived; a collective still missing one kHorizon collectives later is dropped
-//             (counted as unmatched), as is one a rank that records nothing took part in.
+//   entries   collective seq's stamps of every rank, read back after this rank's own collectives (kBatch
+//             at a time) once all have arrived; a collective still missing one kHorizon collectives later
+//             is dropped (counted as unmatched), as is one a rank that records nothing took part in.
 //   clock     per rank, the offset that turns its clock into rank 0's: 0 in rank 0's clock domain (one
 //             kernel, so one steady clock), else the midpoint of what causality leaves possible. No rank
 //             leaves an N x N collective (every kind but broadcast) before every rank entered it, so on
@@ -77,7 +77,13 @@ class SkewRecorder {
  public:
   static constexpr int kBucketsPerOctave = 16;
   static constexpr int kBuckets = 512;  // the last starts at 30 * 2^37 ns (68 minutes) and takes all above
-  static constexpr uint64_t kHorizon = 8;
+  // Collectives are processed kBatch at a time, after each collective whose number is a multiple of it
+  // (the recorder's state stays in cache across them; a notice is up to kBatch - 1 collectives late, the
+  // same on every rank); one whose stamps are still missing kHorizon collectives later is dropped. Both
+  // well below kDescriptorRing, so that no peer has overwritten a stamp not read yet.
+  static constexpr uint32_t kBatch = 4;
+  static constexpr uint64_t kHorizon = 12;
+  static constexpr uint32_t kPendingSlots = 16;
   static constexpr double kDriftPpm = 100;
 
   SkewRecorder(int rank, int world, const SkewConfig& config);
@@ -89,7 +95,8 @@ class SkewRecorder {
   EntryStamp enter();
   // After collective `seq` (of kind `collective`) ran on this rank: files it, then processes every
   // collective whose stamps have all arrived. `report`: whether it counts in the report (the library's
-  // own collectives only feed the clock estimate). Returns the number of events waiting.
+  // own collectives only feed the clock estimate). Returns the number of events waiting, after the
+  // collectives that end a batch (0 after the others).
   size_t exit(Transport& t, uint64_t seq, int collective, bool report);
   // Processes what has arrived without waiting for a next collective (before a report).
   void flush(Transport& t);
@@ -139,7 +146,8 @@ class SkewRecorder {
   mutable std::mutex mu_;
   EntryStamp next_;  // this rank's stamp for the collective it is entering
   int64_t last_exit_ns_ = 0;
-  std::vector<Pending> pending_;     // oldest first
+  std::vector<Pending> pending_;  // a ring of kPendingSlots: pending_count_ from pending_head_, oldest first
+  uint32_t pending_head_ = 0, pending_count_ = 0;
   std::vector<EntryStamp> entries_;  // the stamps of the collective being processed, by rank
   // The previous processed collective, for the clock (its exits arrive with the next one's stamps).
   uint64_t prev_seq_ = 0;
@@ -151,15 +159,24 @@ class SkewRecorder {
   std::vector<Bounds> domain_bounds_;  // per domain: the intersection of its ranks' bounds
   int64_t widened_at_ = 0;             // rank 0's entry (its clock) when the bounds were last widened
   std::vector<int64_t> offset_, late_;
-  // totals
+  // totals: per kind, and per kind and rank ([kind][rank])
+  struct Kind {
+    uint64_t count = 0;
+    int64_t spread = 0;  // sum over its collectives of last entry - first entry
+  };
   uint64_t recorded_ = 0, unmatched_ = 0, unsynced_ = 0;
-  std::vector<uint64_t> count_, last_;
-  std::vector<int64_t> sum_, max_, inflicted_, suffered_;
+  std::vector<Kind> kinds_;
+  std::vector<uint64_t> last_;
+  std::vector<int64_t> sum_, max_, inflicted_;
   std::vector<std::vector<uint32_t>> hist_;  // per kind ([rank][bucket]), made at its first collective
-  // recent: a ring of `capacity` collectives
-  std::vector<uint64_t> recent_seq_;
-  std::vector<int32_t> recent_kind_, recent_last_;
-  std::vector<int64_t> recent_late_, recent_inflicted_;
+  // recent: a ring of `capacity` + 1 collectives
+  struct Recent {
+    uint64_t seq = 0;
+    int32_t kind = 0, last = 0;
+    int64_t inflicted = 0;
+  };
+  std::vector<Recent> recent_;
+  std::vector<int64_t> recent_late_;  // [slot][rank]
   std::vector<Notice> notices_;
   int next_notice_ = 1;
   std::vector<SkewEvent> events_;

@@ -271,9 +271,12 @@ def limits(comm: Any, rank: int, world: int, *, n: int, capacity: int) -> dict[s
         c.finalize()
 
 
-def raising_callback(comm: Any, rank: int, world: int, *, delayed: int, window: int) -> dict[str, Any]:
-    """A callback that raises: the collective that completed the window raises it on every rank, with its
-    result complete, and the communicator stays usable (docs/skew.md)."""
+def raising_callback(
+    comm: Any, rank: int, world: int, *, delayed: int, window: int, extra: int
+) -> dict[str, Any]:
+    """A callback that raises: the collective after which it runs (the one that completed the window, or
+    the end of its batch) raises it on every rank, with its result complete, and the communicator stays
+    usable (docs/skew.md). ``window + extra`` all-reduces, then one more."""
     c = fresh(comm, rank, world)
     try:
         seen: list[int] = []
@@ -286,7 +289,7 @@ def raising_callback(comm: Any, rank: int, world: int, *, delayed: int, window: 
         x = np.full(COUNT, rank + 1, np.float32)
         want = world * (world + 1) // 2
         raised_at, message, complete = None, None, None
-        for i in range(window + 2):
+        for i in range(window + extra):
             if rank == delayed:
                 time.sleep(0.01)
             y = x.copy()
