@@ -17,6 +17,7 @@ SkewRecorder::SkewRecorder(int rank, int world, const SkewConfig& config)
     : rank_(rank),
       world_(world),
       config_(config),
+      enabled_(config.enabled),
       entries_(world),
       pending_(kPendingSlots),
       prev_entered_(world),
@@ -45,13 +46,13 @@ int64_t SkewRecorder::now_ns() const {
 }
 
 EntryStamp SkewRecorder::enter() {
-  if (!config_.enabled) return {};
+  if (!enabled()) return {};
   next_ = EntryStamp{now_ns(), last_exit_ns_};
   return next_;
 }
 
 size_t SkewRecorder::exit(Transport& t, uint64_t seq, int collective, bool report) {
-  if (!config_.enabled) return 0;
+  if (!enabled()) return 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (domains_ > 1) last_exit_ns_ = now_ns();  // exits only feed the clock estimate
   const int kind = collective >= 0 && collective < kNumCollectives ? collective : -1;
@@ -65,7 +66,7 @@ size_t SkewRecorder::exit(Transport& t, uint64_t seq, int collective, bool repor
 }
 
 void SkewRecorder::flush(Transport& t) {
-  if (!config_.enabled) return;
+  if (!enabled()) return;
   std::lock_guard<std::mutex> lock(mu_);
   process_ready(t);
 }

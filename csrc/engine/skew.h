@@ -28,6 +28,7 @@
 // reports and notices can be read from another thread while a collective runs).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -88,7 +89,10 @@ class SkewRecorder {
 
   SkewRecorder(int rank, int world, const SkewConfig& config);
 
-  bool enabled() const { return config_.enabled; }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  // Stops (false) or resumes recording on this rank; meant for measuring what it costs (the others count
+  // the collectives this rank records nothing of as unmatched). Starts as config.enabled.
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
   // This rank's clock (what stamps are written in).
   int64_t now_ns() const;
   // The stamp to announce for the collective this rank enters now (zeros when disabled).
@@ -143,6 +147,7 @@ class SkewRecorder {
 
   const int rank_, world_;
   const SkewConfig config_;
+  std::atomic<bool> enabled_;
   mutable std::mutex mu_;
   EntryStamp next_;  // this rank's stamp for the collective it is entering
   int64_t last_exit_ns_ = 0;

@@ -70,7 +70,10 @@ void bind_skew(py::module_& m, py::class_<Communicator>& cls) {
             return out;
           },
           "[(notice, rank, seq, window, mean_late_ns, inflicted_ns)] since the last call")
-      .def_property_readonly("skew_enabled", [](Communicator& c) { return c.skew().enabled(); });
+      .def_property_readonly("skew_enabled", [](Communicator& c) { return c.skew().enabled(); })
+      .def(
+          "skew_set_recording", [](Communicator& c, bool on) { c.skew().set_enabled(on); }, py::arg("on"),
+          "stops or resumes recording on this rank (to measure what it costs)");
   m.def("skew_bucket_floor", &SkewRecorder::bucket_floor, py::arg("bucket"),
         "the smallest lateness (ns) in a bucket of the skew histogram");
   m.def("skew_bucket", &SkewRecorder::bucket, py::arg("ns"), "the skew histogram's bucket of a lateness (ns)");
