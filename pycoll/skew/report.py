@@ -217,6 +217,22 @@ def _hist_percentile(hist: np.ndarray, q: float, top_ns: float) -> float:
     return float(min((_FLOORS[b] + _FLOORS[b + 1]) / 2, top_ns))
 
 
+def _rank_line(
+    rank: int,
+    host: str,
+    n: int,
+    late_ns: tuple[float, float, float, float],
+    inflicted: Any,
+    suffered: Any,
+    last: Any,
+) -> RankSkew:
+    """A rank's line from nanoseconds: lateness (mean, p50, p99, max), wait inflicted and suffered."""
+    late = {k: float(v) / _NS_PER_MS for k, v in zip(("mean", "p50", "p99", "max"), late_ns)}
+    return RankSkew(
+        rank, host, n, late, float(inflicted) / _NS_PER_MS, float(suffered) / _NS_PER_MS, int(last)
+    )
+
+
 def _run_section(snap: Mapping[str, Any], hosts: Sequence[str], kinds: Sequence[int]) -> SkewSection:
     """Totals summed over ``kinds``."""
     world = int(snap["world"])
@@ -232,23 +248,13 @@ def _run_section(snap: Mapping[str, Any], hosts: Sequence[str], kinds: Sequence[
     for r in range(world):
         n = int(count[r])
         top = float(tops[r])
-        late = {
-            "mean": float(sums[r]) / n / _NS_PER_MS if n else 0.0,
-            "p50": _hist_percentile(hist[r], 0.50, top) / _NS_PER_MS,
-            "p99": _hist_percentile(hist[r], 0.99, top) / _NS_PER_MS,
-            "max": top / _NS_PER_MS,
-        }
-        ranks.append(
-            RankSkew(
-                r,
-                hosts[r],
-                n,
-                late,
-                float(inflicted[r]) / _NS_PER_MS,
-                float(suffered[r]) / _NS_PER_MS,
-                int(last[r]),
-            )
+        late = (
+            float(sums[r]) / n if n else 0.0,
+            _hist_percentile(hist[r], 0.50, top),
+            _hist_percentile(hist[r], 0.99, top),
+            top,
         )
+        ranks.append(_rank_line(r, hosts[r], n, late, inflicted[r], suffered[r], last[r]))
     return SkewSection(collectives, ranks, _most_often(last, collectives))
 
 
@@ -276,26 +282,16 @@ def _window_section(snap: Mapping[str, Any], hosts: Sequence[str], window: int |
     for r in range(world):
         col = late[:, r]
         stats = (
-            {
-                "mean": float(col.mean()) / _NS_PER_MS,
-                "p50": float(np.percentile(col, 50)) / _NS_PER_MS,
-                "p99": float(np.percentile(col, 99)) / _NS_PER_MS,
-                "max": float(col.max()) / _NS_PER_MS,
-            }
-            if n
-            else {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
-        )
-        ranks.append(
-            RankSkew(
-                r,
-                hosts[r],
-                n,
-                stats,
-                float(inflicted[r]) / _NS_PER_MS,
-                float(suffered[r]) / _NS_PER_MS,
-                int(last[r]),
+            (
+                float(col.mean()),
+                float(np.percentile(col, 50)),
+                float(np.percentile(col, 99)),
+                float(col.max()),
             )
+            if n
+            else (0.0, 0.0, 0.0, 0.0)
         )
+        ranks.append(_rank_line(r, hosts[r], n, stats, inflicted[r], suffered[r], last[r]))
     return SkewSection(n, ranks, _most_often(last, n))
 
 
