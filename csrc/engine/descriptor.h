@@ -15,6 +15,11 @@ namespace pycoll {
 inline const char* const kCollectiveNames[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
 inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination", "hierarchical"};
 constexpr int kNumCollectives = 5;
+// Whether no rank can leave collective `collective` before every rank entered it (all but broadcast):
+// what the skew recorder's clock estimate relies on (engine/skew.h).
+inline bool synchronizes_all(int collective) {
+  return collective != 3;
+}
 constexpr int kNumAlgorithms = 5;
 
 struct Descriptor {

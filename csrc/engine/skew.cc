@@ -9,10 +9,6 @@
 
 namespace pycoll {
 
-namespace {
-constexpr int kBroadcast = 3;  // kCollectiveNames: the one kind that is not N x N
-}  // namespace
-
 SkewRecorder::SkewRecorder(int rank, int world, const SkewConfig& config)
     : rank_(rank),
       world_(world),
@@ -115,7 +111,7 @@ void SkewRecorder::update_clock(const Pending& p) {
     prev_kind_ = -1;
     return;
   }
-  const bool chained = prev_kind_ >= 0 && prev_kind_ != kBroadcast && prev_seq_ + 1 == p.seq;
+  const bool chained = prev_kind_ >= 0 && synchronizes_all(prev_kind_) && prev_seq_ + 1 == p.seq;
   bool exits = chained;
   for (const EntryStamp& e : entries_) exits &= e.prev_exit_ns != 0;
   if (exits) {

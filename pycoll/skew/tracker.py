@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from pycoll import auto
+from pycoll.algorithms import ALGORITHMS
 from pycoll.arrays import as_buffer
 from pycoll.errors import InvalidUsageError
 from pycoll.skew.report import SkewReport, from_snapshot
@@ -114,7 +115,7 @@ class SkewTracker:
         if len(set(every.tolist())) > 1:
             empty = as_buffer(np.zeros(0, dtype=np.uint8), "x", writable=True)
             for _ in range(CLOCK_SYNC_ROUNDS):
-                comm.run("barrier", "dissemination", empty, empty, 0, 0, 0, timeout, report=False)
+                comm.run("barrier", ALGORITHMS["barrier"][0], empty, empty, 0, 0, 0, timeout, report=False)
 
     # ---- notices -------------------------------------------------------------------------------------
     def add(self, callback: Callable[[StragglerEvent], None] | None, late_ms: float, window: int) -> Notice:
