@@ -22,7 +22,7 @@ bfloat16 arrays come from ml_dtypes when it is installed, else from torch (a bfl
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -159,13 +159,10 @@ def expected_bits(values: np.ndarray, dtype: str) -> np.ndarray:
 
 # ---- the inputs ----------------------------------------------------------------------------------------
 def _hash(rank: int, start: int, stop: int, salt: int) -> np.ndarray:
-    i = np.arange(start, stop, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        h = i * np.uint64(0x9E3779B97F4A7C15) + np.uint64((rank + 1) * 0xBF58476D1CE4E5B9 % 2**64)
-        h ^= h >> np.uint64(29)
-        h = h * np.uint64(0x94D049BB133111EB + salt)
-        h ^= h >> np.uint64(32)
-    return h
+    """Pseudo-random uint64 words [start, stop) of a stream keyed by (rank, salt): Philox is a counter-based
+    generator (4 words per counter value), so any slice costs only its own length."""
+    bits = np.random.Philox(counter=start // 4, key=np.array([rank + 1, salt], dtype=np.uint64))
+    return bits.random_raw(max(0, stop - start) + start % 4)[start % 4:]
 
 
 def input_values(dtype: str, op: str, rank: int, world: int, count: int, start: int = 0,
@@ -181,13 +178,29 @@ def input_values(dtype: str, op: str, rank: int, world: int, count: int, start: 
             # full-width values wrap for sum/prod; min/max see negatives and positives
             return h
         return h >> np.uint64(7)
-    i = np.arange(start, stop, dtype=np.int64)
     if op == "prod":
         table = np.array([1.0, 2.0, -1.0, 0.5, -2.0])
-        return table[(i * 3 + rank * 7 + (i >> 3)) % 5]
-    c = ((i * 7 + (i >> 4)) % 9 - 4) * 0.5
-    d = ((i * 5 + 3) % 5 - 2) * 0.5
-    return c + d * (2 * rank - world + 1)
+        return _periodic(start, stop, lambda i: table[(i * 3 + rank * 7 + (i >> 3)) % 5])
+    return _periodic(start, stop, lambda i: _float_c(i) + _float_d(i) * (2 * rank - world + 1))
+
+
+def _float_c(i: np.ndarray) -> np.ndarray:
+    return ((i * 7 + (i >> 4)) % 9 - 4) * 0.5
+
+
+def _float_d(i: np.ndarray) -> np.ndarray:
+    return ((i * 5 + 3) % 5 - 2) * 0.5
+
+
+#: The float inputs repeat every 720 elements (c every 144, the prod table's index every 40).
+_FLOAT_PERIOD = 720
+
+
+def _periodic(start: int, stop: int, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """f over the element indices [start, stop), for an f of period _FLOAT_PERIOD: one period is
+    computed and repeated (large counts cost one copy instead of a dozen passes of integer arithmetic)."""
+    first = f(np.arange(start, start + min(stop - start, _FLOAT_PERIOD), dtype=np.int64))
+    return np.resize(first, stop - start)
 
 
 def make_input(dtype: str, op: str, rank: int, world: int, count: int, backend: str = "numpy") -> Any:
@@ -197,21 +210,20 @@ def make_input(dtype: str, op: str, rank: int, world: int, count: int, backend: 
 def expected_values(dtype: str, op: str, world: int, count: int, start: int = 0,
                     stop: int | None = None) -> np.ndarray:
     """The exact reduction of every rank's ``input_values`` (see the module docstring), elements
-    [start, stop)."""
-    if dtype in INTS:
-        dt = np.dtype(dtype)
-        stack = np.stack([input_values(dtype, op, r, world, count, start, stop).astype(dt)
-                          for r in range(world)])
-        ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
-        return ufunc.reduce(stack, axis=0, dtype=dt) if op in ("sum", "prod") else ufunc.reduce(stack, axis=0)
-    stack = np.stack([input_values(dtype, op, r, world, count, start, stop) for r in range(world)])
-    if op == "sum":
-        return stack.sum(axis=0)
-    if op == "avg":
-        return stack.sum(axis=0) / world  # exactly c_i
-    if op == "prod":
-        return stack.prod(axis=0)
-    return stack.min(axis=0) if op == "min" else stack.max(axis=0)
+    [start, stop). Float sums, averages, minima and maxima in closed form (rank r's input is
+    c + d * (2r - world + 1), so the sum is world * c, exactly); the rest reduced rank by rank."""
+    stop = count if stop is None else stop
+    if dtype not in INTS and op != "prod":
+        sign = {"sum": 0, "avg": 0, "min": -1, "max": 1}[op]
+        scale = world if op == "sum" else 1
+        return _periodic(start, stop, lambda i: _float_c(i) * scale + sign * np.abs(_float_d(i)) * (world - 1))
+    dt = np.dtype(dtype) if dtype in INTS else np.dtype(np.float64)
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+    acc = input_values(dtype, op, 0, world, count, start, stop).astype(dt)
+    with np.errstate(over="ignore"):  # integer sums and products wrap, as the reduction's do
+        for r in range(1, world):
+            ufunc(acc, input_values(dtype, op, r, world, count, start, stop).astype(dt), out=acc)
+    return acc
 
 
 def random_values(dtype: str, rank: int, count: int, seed: int) -> np.ndarray:

@@ -98,8 +98,10 @@ def test_a_dead_rank_is_in_every_survivors_decision(victim):
 
 
 def test_a_decider_that_dies_after_reaching_one_rank_is_not_contradicted():
-    """Rank 0 decides, its decision reaches rank 1 only, then rank 0 dies: rank 1 takes over (after asking
-    ranks 2 and 3) and every survivor ends with rank 0's decision, although rank 0 is now dead."""
+    """Rank 0 decides, its decision reaches rank 1 only (rank 1 accepts it), then rank 0 dies: rank 1 takes
+    over (after asking ranks 2 and 3) and every survivor ends with rank 0's decision, although rank 0 is
+    now dead. Rank 0 dies only once rank 1 holds the decision: otherwise rank 1 may hear of the death
+    (from rank 2 or 3) first, decide anew, and rightly ignore the lower ballot's decision."""
     planes = make_planes(4)
     p0 = planes[0]
     real = p0.broadcast
@@ -107,6 +109,9 @@ def test_a_decider_that_dies_after_reaching_one_rank_is_not_contradicted():
     def partial(msg, skip=()):
         if msg.get("t") == "d":
             p0.send(1, msg)
+            deadline = time.monotonic() + 10
+            while int(msg["k"]) not in planes[1].agreements.decided and time.monotonic() < deadline:
+                time.sleep(0.001)
             die(p0)
             return
         real(msg, skip)
