@@ -60,6 +60,13 @@ struct DescriptorRing {
 // An abort's message as every rank raises it: prefixed once with the rank that reported it.
 std::string reported_by(int rank, const std::string& message);
 
+// Which abort a rank raises when it holds several: the first, except that a revocation (kBroken:
+// comm.revoke(), often a peer's reaction to the very error another rank recorded first) never hides a
+// specific error such as the mismatch or the lost peer that caused it.
+inline bool abort_supersedes(ErrorKind held, ErrorKind incoming) {
+  return held == ErrorKind::kBroken && incoming != ErrorKind::kBroken;
+}
+
 // Throws the mismatch error for the first peer (in rank order) that announced another descriptor for
 // collective ctx.seq than this rank's. `published(peer, seq, &out)` looks up what a peer announced;
 // `before(peer)` runs first for each peer (a transport's own checks of that peer, in the same order).

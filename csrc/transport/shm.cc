@@ -346,14 +346,20 @@ bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out)
   return segments_[peer] && control(peer)->descs.find(seq, out);
 }
 
+// Every rank's abort record is read; the one raised is the first in rank order, unless a later one
+// supersedes it (abort_supersedes: a revocation yields to the error it reacted to).
 void ShmTransport::throw_if_aborted() {
+  const ControlBlock* raised = nullptr;
   for (int r = 0; r < world_; ++r) {
     if (!segments_[r]) continue;
-    ControlBlock* cb = control(r);
-    if (cb->abort_state.load(std::memory_order_acquire) == 2) {
-      std::string msg(cb->abort_msg, strnlen(cb->abort_msg, kAbortMsgBytes));
-      throw Error(static_cast<ErrorKind>(cb->abort_kind), msg, cb->abort_peer);
-    }
+    const ControlBlock* cb = control(r);
+    if (cb->abort_state.load(std::memory_order_acquire) != 2) continue;
+    if (!raised || abort_supersedes(static_cast<ErrorKind>(raised->abort_kind), static_cast<ErrorKind>(cb->abort_kind)))
+      raised = cb;
+  }
+  if (raised) {
+    std::string msg(raised->abort_msg, strnlen(raised->abort_msg, kAbortMsgBytes));
+    throw Error(static_cast<ErrorKind>(raised->abort_kind), msg, raised->abort_peer);
   }
 }
 

@@ -236,7 +236,7 @@ void TcpTransport::check_health(const WaitContext& ctx) {
 void TcpTransport::abort(const Error& error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_) return;  // the first abort wins
+    if (aborted_ && !(abort_error_ && abort_supersedes(abort_error_->kind(), error.kind()))) return;  // the first wins
     aborted_ = true;
     const std::string msg = reported_by(rank_, error.what());
     abort_error_ = std::make_unique<Error>(error.kind(), msg, error.peer());

@@ -155,7 +155,7 @@ void TcpTransport::on_control(int r, Peer& p, uint32_t type) {
     std::memcpy(&head, p.in_control.data(), sizeof head);
     std::string msg(reinterpret_cast<const char*>(p.in_control.data()) + sizeof head,
                     p.in_control.size() - sizeof head);
-    if (!aborted_) {
+    if (!aborted_ || (abort_error_ && abort_supersedes(abort_error_->kind(), static_cast<ErrorKind>(head.kind)))) {
       aborted_ = true;
       abort_error_ = std::make_unique<Error>(static_cast<ErrorKind>(head.kind), msg, head.peer);
     }
