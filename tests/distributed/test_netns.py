@@ -346,7 +346,7 @@ def test_secret_on_every_node(tmp_path: Path) -> None:
 
 def test_node_with_another_secret_fails_clearly(tmp_path: Path) -> None:
     """Node 1's ranks fail at once naming the secret; node 0's ranks, left waiting for them, fail at
-    their set-up deadline (PYCOLL_TIMEOUT=15 here): both launchers exit non-zero."""
+    their set-up deadline (PYCOLL_TIMEOUT=6 here): both launchers exit non-zero."""
     script = tmp_path / "small.py"
     script.write_text(SMALL_SCRIPT)
     secret = secrets.token_hex(16)
@@ -357,7 +357,7 @@ def test_node_with_another_secret_fails_clearly(tmp_path: Path) -> None:
             1,
             [str(script)],
             tmp_path,
-            env=_env(PYCOLL_SECRET=secret, PYCOLL_TIMEOUT="15"),
+            env=_env(PYCOLL_SECRET=secret, PYCOLL_TIMEOUT="6"),
             host_env={1: {"PYCOLL_SECRET": secret + "-but-wrong"}},
             timeout=90,
         )
