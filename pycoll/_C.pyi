@@ -58,11 +58,14 @@ class NativePlan:
         output_count: int,
         rank: int,
         world: int,
+        coded: bool = False,
     ) -> None: ...
     @property
     def num_ops(self) -> int: ...
     @property
     def num_steps(self) -> int: ...
+    @property
+    def dependencies(self) -> list[tuple[list[int], int]]: ...
 
 class GroupedProgram:
     def __init__(

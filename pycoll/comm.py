@@ -372,7 +372,14 @@ class Communicator:
         p = self._python_plan(self.rank, collective, algorithm, count, itemsize, root, layout, segment_bytes)
         table, starts = p.to_table()
         plan = _C.NativePlan(
-            table, starts, itemsize, p.input_count, p.output_count, self.rank, self.world_size
+            table,
+            starts,
+            itemsize,
+            p.input_count,
+            p.output_count,
+            self.rank,
+            self.world_size,
+            coded=layout is not None,
         )
         self._plans[key] = plan
         if len(self._plans) > _PLAN_CACHE_SIZE:

@@ -17,7 +17,7 @@ void Executor::run(const NativePlan& plan, const RunArgs& args) {
   uint64_t seq = ++seq_;
   t_.begin_collective(seq, args.desc, args.stamp);  // throws the original error if the communicator was aborted
   try {
-    run_steps(plan, args);
+    run_plan(plan, args);
   } catch (const Error& e) {
     t_.abort(e);
     throw;
@@ -33,6 +33,7 @@ void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
     if (plan.uses_encoded) throw Error(ErrorKind::kInternal, "a compressed plan was run without a codec");
     return;
   }
+  if (!plan.coded) throw Error(ErrorKind::kInternal, "a plan compiled without a codec was run with one");
   if (a.dtype != DType::kFloat32 || !op_compressible(a.op))
     throw Error(ErrorKind::kInternal, "compressed plans run on float32 sums and averages only");
   if (!plan.codec_compatible)
@@ -44,23 +45,28 @@ void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
                                               std::to_string(t_.fragment_bytes()) + " bytes); use a smaller block");
 }
 
-// One run of a plan: the per-run constants and the parts of a step, by the plan's names (see
-// pycoll/algorithms/plan.py): a step's SENDs are pumped fragment by fragment while its receiving ops
-// (RECV, RECV_REDUCE, RECV_REDUCE_SEND, RECV_REDUCE_COPY_SEND, RECV_COPY_SEND) and COPYs complete in
-// list order; a pass that moves nothing hands over to the Waiter.
+// One run of a plan: the per-run constants and the parts of a run, by the plan's names (see
+// pycoll/algorithms/plan.py). Ops run as soon as what they wait for is done (their deps:
+// engine/plan_dependencies.h), not step after step: each pass goes over the ops of a window, from the
+// first op not done through the end of the step kLookaheadSteps after its own, and moves every op that
+// may start as far as the transport lets it (a SEND fragment by fragment while there is room; a
+// receiving op, RECV, RECV_REDUCE, RECV_REDUCE_SEND, RECV_REDUCE_COPY_SEND or RECV_COPY_SEND, fragment by
+// fragment as they arrive; a COPY at once). So sends run ahead of their step and a link keeps several
+// segments in flight, up to what its transport holds, while the results are those of running the steps
+// in order. A pass that moves nothing hands over to the Waiter with what blocked it.
 //
 // With a codec, plan offsets and counts are float32 elements of the buffers, and a message carries the
 // encoding of its op's elements, cut into fragments of whole blocks (the last may end on a partial one),
 // so each fragment is encoded and decoded on its own. Without one, or for an op marked uncompressed, a
 // message is the op's bytes.
-class Executor::StepRunner {
+class Executor::PlanRunner {
  public:
-  StepRunner(Executor& x, const NativePlan& plan, const RunArgs& a);
-  // Runs step s of the plan to its end.
-  void run_step(size_t s);
-  void finish() {
-    if (stream_outputs_) cpu::stream_fence();
-  }
+  PlanRunner(Executor& x, const NativePlan& plan, const RunArgs& a);
+  // Runs every op of the plan to its end.
+  void run();
+
+  // How many steps past the step of the first op not done a pass looks for ops that may start.
+  static constexpr size_t kLookaheadSteps = 8;
 
  private:
   bool coded(const PlanOp& op) const { return codec_ && !op.uncompressed; }
@@ -75,6 +81,14 @@ class Executor::StepRunner {
       cpu::stream_copy(dst, src, n);
     else
       std::memcpy(dst, src, n);
+  }
+  // Whether every op that op i waits for is done (remembered once true); `first`: the first op not done.
+  bool ready(size_t i, size_t first);
+  // Moves op i as far as it can go now; true if it moved.
+  bool pump(size_t i);
+  void blocked_on(int peer, bool room, uint64_t fragments) {
+    if (ctx_.waiting_on_peer < 0) ctx_.waiting_on_peer = peer;  // the earliest blocked op names the peer
+    waits_.push_back({peer, room, static_cast<uint32_t>(fragments)});
   }
   bool pump_send(size_t i);
   void encode_fragment(const PlanOp& op, uint64_t op_pos, uint64_t n, void* room);
@@ -98,17 +112,19 @@ class Executor::StepRunner {
   const size_t coded_frag_bytes_;
   const uint32_t rounding_key_;
   const bool stream_outputs_;
-  // Per op: bytes on the wire, bytes done (sent for SEND, received for the others), whether done.
+  // Per op: bytes on the wire, bytes done (sent for SEND, received for the others), whether done, and
+  // whether everything it waits for is done.
   std::vector<uint64_t>& msg_bytes_;
   std::vector<uint64_t>& pos_;
   std::vector<uint8_t>& done_;
+  std::vector<uint8_t>& ready_;
   std::vector<WaitItem>& waits_;  // what blocked this pass, for Transport::wait
   WaitContext ctx_;
   const Waiter::Clock::time_point start_;
   Waiter waiter_;
 };
 
-Executor::StepRunner::StepRunner(Executor& x, const NativePlan& plan, const RunArgs& a)
+Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunArgs& a)
     : x_(x),
       t_(x.t_),
       plan_(plan),
@@ -128,6 +144,7 @@ Executor::StepRunner::StepRunner(Executor& x, const NativePlan& plan, const RunA
       msg_bytes_(x.msg_bytes_),
       pos_(x.pos_),
       done_(x.done_),
+      ready_(x.ready_),
       waits_(x.waits_),
       ctx_{seq_, &a.desc, -1},
       start_(Waiter::Clock::now()),
@@ -142,56 +159,60 @@ Executor::StepRunner::StepRunner(Executor& x, const NativePlan& plan, const RunA
   }
   pos_.assign(n_ops, 0);
   done_.assign(n_ops, 0);
+  ready_.assign(n_ops, 0);
 }
 
-void Executor::StepRunner::run_step(size_t s) {
-  const size_t b = plan_.step_begin[s], e = plan_.step_begin[s + 1];
-  size_t next_recv = b;  // receiving ops (and COPY) complete in list order
-  for (;;) {
+void Executor::PlanRunner::run() {
+  const size_t n = plan_.ops.size();
+  const size_t n_steps = plan_.step_begin.empty() ? 0 : plan_.step_begin.size() - 1;
+  size_t first = 0, step = 0;  // the first op not done, and its step
+  while (first < n) {
+    while (plan_.step_begin[step + 1] <= first) ++step;
+    const size_t window_end = plan_.step_begin[std::min(step + 1 + kLookaheadSteps, n_steps)];
     waits_.clear();
+    ctx_.waiting_on_peer = -1;
     bool progressed = false;
-    bool sends_done = true;
-    for (size_t i = b; i < e; ++i) {
-      const PlanOp& op = plan_.ops[i];
-      if (op.kind != OpKind::kSend || done_[i]) continue;
-      if (op.prev_send_same_peer < 0 || done_[op.prev_send_same_peer]) progressed |= pump_send(i);
-      sends_done &= done_[i] != 0;
-    }
-    while (next_recv < e) {
-      const PlanOp& op = plan_.ops[next_recv];
-      if (op.kind == OpKind::kSend) {
-        ++next_recv;
-        continue;
-      }
-      if (op.kind == OpKind::kCopy) {
-        uint8_t* dst = buffer(op.dst_buf) + op.dst_off;
-        const uint8_t* src = buffer(op.src_buf) + op.src_off;
-        if (dst != src && op.bytes) std::memmove(dst, src, op.bytes);
-        done_[next_recv++] = 1;
-        progressed = true;
-        continue;
-      }
-      // A fused op's output must queue behind earlier messages of this step to the same peer.
-      if (op_sends(op.kind) && op.prev_send_same_peer >= 0 && !done_[op.prev_send_same_peer]) break;
-      progressed |= pump_recv(next_recv);
-      if (!done_[next_recv]) break;
-      ++next_recv;
-    }
-    if (sends_done && next_recv == e) return;
+    for (size_t i = first; i < window_end; ++i)
+      if (!done_[i] && ready(i, first)) progressed |= pump(i);
+    while (first < n && done_[first]) ++first;
+    if (first == n) break;
     waiter_.after_pass(progressed, waits_.data(), waits_.size(), ctx_);
   }
+  if (stream_outputs_) cpu::stream_fence();
+}
+
+bool Executor::PlanRunner::ready(size_t i, size_t first) {
+  if (ready_[i]) return true;
+  const PlanOp& op = plan_.ops[i];
+  if (first < op.after_all_before) return false;
+  for (uint32_t d = op.deps_begin; d < op.deps_end; ++d)
+    if (!done_[plan_.deps[d]]) return false;
+  ready_[i] = 1;
+  return true;
+}
+
+bool Executor::PlanRunner::pump(size_t i) {
+  const PlanOp& op = plan_.ops[i];
+  if (op.kind == OpKind::kSend) return pump_send(i);
+  if (op.kind == OpKind::kCopy) {
+    uint8_t* dst = buffer(op.dst_buf) + op.dst_off;
+    const uint8_t* src = buffer(op.src_buf) + op.src_off;
+    if (dst != src && op.bytes) std::memmove(dst, src, op.bytes);
+    done_[i] = 1;
+    return true;
+  }
+  return pump_recv(i);
 }
 
 // SEND: one fragment at a time, as long as the transport has room.
-bool Executor::StepRunner::pump_send(size_t i) {
+bool Executor::PlanRunner::pump_send(size_t i) {
   const PlanOp& op = plan_.ops[i];
   const uint64_t frag = frag_bytes(op);
   bool progressed = false;
   while (!done_[i]) {
     void* room = t_.acquire_send(op.send_peer);
     if (!room) {
-      ctx_.waiting_on_peer = op.send_peer;
-      waits_.push_back({op.send_peer, true, fragments_left(msg_bytes_[i] - pos_[i], frag)});
+      blocked_on(op.send_peer, true, fragments_left(msg_bytes_[i] - pos_[i], frag));
       break;
     }
     const uint64_t total = msg_bytes_[i];
@@ -213,7 +234,7 @@ bool Executor::StepRunner::pump_send(size_t i) {
 
 // A compressed SEND of its own values: the fragment at `op_pos` (n bytes) of the message, encoded
 // (with the error-feedback residual) straight into the transport's room.
-void Executor::StepRunner::encode_fragment(const PlanOp& op, uint64_t op_pos, uint64_t n, void* room) {
+void Executor::PlanRunner::encode_fragment(const PlanOp& op, uint64_t op_pos, uint64_t n, void* room) {
   const uint64_t elem = op.src_off / 4 + op_pos / block_bytes_ * codec_->block_elems();
   cpu::EncodeArgs e;
   e.src = reinterpret_cast<const float*>(buffer(op.src_buf)) + elem;
@@ -226,7 +247,7 @@ void Executor::StepRunner::encode_fragment(const PlanOp& op, uint64_t op_pos, ui
 }
 
 // A receiving op: consumes the fragments that have arrived (forwarding them if it also sends).
-bool Executor::StepRunner::pump_recv(size_t i) {
+bool Executor::PlanRunner::pump_recv(size_t i) {
   const PlanOp& op = plan_.ops[i];
   const bool sends = op_sends(op.kind);
   const uint64_t total = msg_bytes_[i];
@@ -238,8 +259,7 @@ bool Executor::StepRunner::pump_recv(size_t i) {
     FragHeader h;
     const uint8_t* frag = static_cast<const uint8_t*>(t_.peek_recv(op.recv_peer, &h));
     if (!frag) {
-      ctx_.waiting_on_peer = op.recv_peer;
-      waits_.push_back({op.recv_peer, false, fragments_left(total - pos_[i], frag_bytes(op))});
+      blocked_on(op.recv_peer, false, fragments_left(total - pos_[i], frag_bytes(op)));
       break;
     }
     // A fragment is whole elements, or with a codec whole blocks unless it ends the message.
@@ -249,8 +269,7 @@ bool Executor::StepRunner::pump_recv(size_t i) {
     if (sends) {
       room = t_.acquire_send(op.send_peer);
       if (!room) {
-        ctx_.waiting_on_peer = op.send_peer;
-        waits_.push_back({op.send_peer, true, 1});
+        blocked_on(op.send_peer, true, 1);
         break;
       }
     }
@@ -270,7 +289,7 @@ bool Executor::StepRunner::pump_recv(size_t i) {
 
 // A received fragment without a codec: copy or reduce it where the op says (and into `room`, the
 // outgoing fragment, for the ops that also send).
-void Executor::StepRunner::plain_recv(const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room,
+void Executor::PlanRunner::plain_recv(const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room,
                                       bool stream) {
   const int divisor = finalize_divisor(a_.op, op.finalize, world_);
   uint8_t* dst = buffer(op.dst_buf) + op.dst_off + op_pos;
@@ -300,7 +319,7 @@ void Executor::StepRunner::plain_recv(const PlanOp& op, uint64_t op_pos, const u
 // The codec's work on one received fragment of `n` bytes (see "Compressed plans" in
 // pycoll/algorithms/plan.py): decode (and accumulate), and where the op finalizes or sends a reduced
 // value, encode it once; the decoded encoding is what is kept, so every rank ends with the same bits.
-void Executor::StepRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room) {
+void Executor::PlanRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room) {
   const uint64_t first = (op_pos / block_bytes_) * codec_->block_elems();  // element within the op
   const uint64_t m = codec_->elements_in(n, first, op.bytes / 4);
   const uint64_t elem = (op_receives_into_dst(op.kind) ? op.dst_off : op.src_off) / 4 + first;
@@ -351,11 +370,8 @@ void Executor::StepRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const u
   }
 }
 
-void Executor::run_steps(const NativePlan& plan, const RunArgs& a) {
-  StepRunner steps(*this, plan, a);
-  const size_t n_steps = plan.step_begin.empty() ? 0 : plan.step_begin.size() - 1;
-  for (size_t s = 0; s < n_steps; ++s) steps.run_step(s);
-  steps.finish();
+void Executor::run_plan(const NativePlan& plan, const RunArgs& a) {
+  PlanRunner(*this, plan, a).run();
 }
 
 }  // namespace pycoll

@@ -1,5 +1,6 @@
-// Runs one rank's plan over a transport: posts sends and receives step by step (full duplex within a
-// step), calls the reduce kernels on fragments in place, and waits without burning a core. Every wait
+// Runs one rank's plan over a transport: posts sends and receives as soon as what they depend on is done
+// (later steps run ahead of earlier ones where the plan allows), calls the reduce kernels on fragments in
+// place, and waits without burning a core. Every wait
 // has a deadline; errors abort the communicator so that every rank raises, none hangs.
 #pragma once
 
@@ -51,8 +52,8 @@ class Executor {
   uint64_t claim_seq() { return ++seq_; }
 
  private:
-  class StepRunner;  // one run of a plan (executor.cc)
-  void run_steps(const NativePlan& plan, const RunArgs& args);
+  class PlanRunner;  // one run of a plan (executor.cc)
+  void run_plan(const NativePlan& plan, const RunArgs& args);
   void check_codec_plan(const NativePlan& plan, const RunArgs& args);
 
   Transport& t_;
@@ -62,6 +63,7 @@ class Executor {
   // Per-run state, kept to avoid allocating on every collective.
   std::vector<uint64_t> pos_;
   std::vector<uint8_t> done_;
+  std::vector<uint8_t> ready_;
   std::vector<WaitItem> waits_;
   std::vector<uint64_t> msg_bytes_;  // per op: bytes on the wire
   std::vector<uint8_t> encoded_;     // the kEncoded buffer of a compressed plan

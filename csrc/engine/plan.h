@@ -28,6 +28,11 @@ inline bool op_receives(OpKind k) {
 inline bool op_receives_into_dst(OpKind k) {
   return k != OpKind::kSend && k != OpKind::kRecvReduceSend;
 }
+// Ops that read their src region.
+inline bool op_reads_src(OpKind k) {
+  return k == OpKind::kSend || k == OpKind::kRecvReduce || k == OpKind::kRecvReduceSend ||
+         k == OpKind::kRecvReduceCopySend || k == OpKind::kCopy;
+}
 
 // kEncoded: with a codec, the encoded final values of the regions this rank finalized or forwarded, at the
 // same element offsets as OUTPUT (see "Compressed plans" in pycoll/algorithms/plan.py).
@@ -44,20 +49,27 @@ struct PlanOp {
   // without a codec (the hierarchical all-reduce's intra-host stages; "Compressed plans" in plan.py).
   bool uncompressed;
   uint64_t bytes;
-  uint64_t src_off;             // bytes
-  uint64_t dst_off;             // bytes
-  int32_t prev_send_same_peer;  // index (within the plan) of the previous op of this step sending to send_peer, or -1
+  uint64_t src_off;  // bytes
+  uint64_t dst_off;  // bytes
+  // The ops this one waits for before it starts: NativePlan::deps[deps_begin, deps_end) (engine/plan_dependencies.h).
+  uint32_t deps_begin;
+  uint32_t deps_end;
+  // And every op before this index (a fence: the first op of its step; 0 for other ops).
+  uint32_t after_all_before;
 };
 
 struct NativePlan {
   std::vector<PlanOp> ops;
   std::vector<uint32_t> step_begin;  // ops of step s are [step_begin[s], step_begin[s+1])
+  std::vector<int32_t> deps;         // every op's dependencies, op after op
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
   // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), and whether the
   // plan can run with a codec at all (no COPY, no SEND of OUTPUT but uncompressed ones).
   bool uses_encoded = false;
   bool codec_compatible = true;
+  // Compiled for a codec (its dependencies count every region an op touches as written).
+  bool coded = false;
   int world = 0;
   int rank = 0;
 };

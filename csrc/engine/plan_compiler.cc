@@ -4,6 +4,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/plan_dependencies.h"
 #include "pycoll/errors.h"
 
 namespace pycoll {
@@ -29,13 +30,14 @@ static_assert(kNumCols == kPlanColumns, "kPlanColumns must match the op table's 
 }  // namespace
 
 std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Array& starts, int64_t itemsize,
-                                         int64_t input_count, int64_t output_count, int rank, int world) {
+                                         int64_t input_count, int64_t output_count, int rank, int world, bool coded) {
   if (table.ndim != 2 || (table.rows > 0 && table.cols != kNumCols))
     throw Error(ErrorKind::kInternal, "plan table must be [n_ops, " + std::to_string(kNumCols) + "]");
   if (itemsize <= 0 || itemsize > 8) throw Error(ErrorKind::kInternal, "bad itemsize");
   auto plan = std::make_shared<NativePlan>();
   plan->rank = rank;
   plan->world = world;
+  plan->coded = coded;
   plan->input_bytes = static_cast<uint64_t>(input_count) * itemsize;
   plan->output_bytes = static_cast<uint64_t>(output_count) * itemsize;
   const int64_t n = table.rows;
@@ -58,7 +60,6 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     op.dst_off = static_cast<uint64_t>(t(i, kDstOff)) * itemsize;
     op.finalize = t(i, kFinalize) != 0;
     op.uncompressed = t(i, kUncompressed) != 0;
-    op.prev_send_same_peer = -1;
     auto bad = [&](const std::string& why) {
       throw Error(ErrorKind::kInternal, "plan op " + std::to_string(i) + " is invalid: " + why);
     };
@@ -70,11 +71,9 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     auto limit = [&](int32_t buf) { return buf == kInput ? plan->input_bytes : plan->output_bytes; };
     if (op.src_buf < 0 || op.src_buf > kEncoded || op.dst_buf < 0 || op.dst_buf > kOutput) bad("unknown buffer");
     if (op.src_buf == kEncoded && op.kind != OpKind::kSend) bad("only SEND reads the encoded buffer");
-    bool reads_src = op.kind == OpKind::kSend || op.kind == OpKind::kRecvReduce || op.kind == OpKind::kRecvReduceSend ||
-                     op.kind == OpKind::kRecvReduceCopySend || op.kind == OpKind::kCopy;
-    bool writes_dst = op.kind != OpKind::kSend && op.kind != OpKind::kRecvReduceSend;
-    if (reads_src && op.src_off + op.bytes > limit(op.src_buf)) bad("reads past the end of its buffer");
-    if (writes_dst && op.dst_off + op.bytes > limit(op.dst_buf)) bad("writes past the end of its buffer");
+    if (op_reads_src(op.kind) && op.src_off + op.bytes > limit(op.src_buf)) bad("reads past the end of its buffer");
+    if (op_receives_into_dst(op.kind) && op.dst_off + op.bytes > limit(op.dst_buf))
+      bad("writes past the end of its buffer");
     plan->uses_encoded |= op.src_buf == kEncoded;
     plan->codec_compatible &=
         op.kind != OpKind::kCopy && !(op.kind == OpKind::kSend && op.src_buf == kOutput && !op.uncompressed);
@@ -84,16 +83,7 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     if (s > 0 && st(s) < st(s - 1)) throw Error(ErrorKind::kInternal, "plan step starts must not decrease");
     plan->step_begin.push_back(static_cast<uint32_t>(st(s)));
   }
-  // Messages to one peer within a step go out in list order.
-  for (size_t s = 0; s + 1 < plan->step_begin.size(); ++s) {
-    std::vector<int32_t> last_sender(world, -1);
-    for (uint32_t i = plan->step_begin[s]; i < plan->step_begin[s + 1]; ++i) {
-      PlanOp& op = plan->ops[i];
-      if (!op_sends(op.kind)) continue;
-      op.prev_send_same_peer = last_sender[op.send_peer];
-      last_sender[op.send_peer] = static_cast<int32_t>(i);
-    }
-  }
+  link_dependencies(*plan, coded);
   return plan;
 }
 

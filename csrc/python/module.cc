@@ -48,8 +48,10 @@ Int64Array int64_array(const Int64In& a, bool one_dim = false) {
 }
 
 std::shared_ptr<NativePlan> bind_compile_plan(const Int64In& table, const Int64In& starts, int64_t itemsize,
-                                              int64_t input_count, int64_t output_count, int rank, int world) {
-  return compile_plan(int64_array(table), int64_array(starts, true), itemsize, input_count, output_count, rank, world);
+                                              int64_t input_count, int64_t output_count, int rank, int world,
+                                              bool coded) {
+  return compile_plan(int64_array(table), int64_array(starts, true), itemsize, input_count, output_count, rank, world,
+                      coded);
 }
 
 // A grouped program (pycoll/algorithms/grouped.py) for one compiled plan; validated against it.
@@ -308,10 +310,20 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<NativePlan, std::shared_ptr<NativePlan>>(m, "NativePlan")
       .def(py::init(&bind_compile_plan), py::arg("table"), py::arg("starts"), py::arg("itemsize"),
-           py::arg("input_count"), py::arg("output_count"), py::arg("rank"), py::arg("world"))
+           py::arg("input_count"), py::arg("output_count"), py::arg("rank"), py::arg("world"), py::arg("coded") = false)
       .def_property_readonly("num_ops", [](const NativePlan& p) { return p.ops.size(); })
       .def_property_readonly("num_steps",
-                             [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; });
+                             [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; })
+      .def_property_readonly("dependencies", [](const NativePlan& p) {
+        // Per op: (the ops it waits for, the index before which every op must be done): for the tests.
+        py::list out;
+        for (const PlanOp& op : p.ops) {
+          py::list deps;
+          for (uint32_t d = op.deps_begin; d < op.deps_end; ++d) deps.append(p.deps[d]);
+          out.append(py::make_tuple(deps, op.after_all_before));
+        }
+        return out;
+      });
 
   py::class_<GroupedProgram, std::shared_ptr<GroupedProgram>>(m, "GroupedProgram")
       .def(py::init(&bind_compile_program), py::arg("plan"), py::arg("actions"), py::arg("msg_bytes"),

@@ -34,6 +34,12 @@ Execution order
     Messages between an ordered pair of ranks are FIFO and are matched by position: the n-th message
     rank a sends to rank b is the n-th message b receives from a, and both sides must agree on its
     count (the executor checks, and raises CollectiveMismatchError otherwise).
+    These are the semantics, and the results are those of running the steps in this order. The native
+    executor overlaps steps where that changes nothing (csrc/engine/plan_dependencies.h): an op starts as
+    soon as the earlier ops it depends on are done (those whose regions overlap its own where one of
+    them writes, and the previous op sending to, or receiving from, the same peer), and an empty
+    message (count 0: a barrier round, an acknowledgement) waits for every op of the earlier steps. So a
+    plan relies on step order only through the data its ops touch and through empty messages.
 
 Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a codec)
     Offsets and counts are still elements, all on codec block boundaries. Every message carries the

@@ -12,7 +12,10 @@ The parts, named as the code names them:
               (label = rank-1) for odd, so a rank that is a leaf in one tree is interior in the other and
               every rank does about the same work.
     segment   each half is cut into the same number of segments, the unit of one message; segments flow
-              through the tree one after another (a pipeline).
+              through the tree one after another (a pipeline). A segment is half the largest message
+              (``segment_elems``): a link carries both trees' messages and one sent at tick t is consumed
+              at tick t+1 (below), so a link keeps four segments in flight where the ring keeps two of
+              the largest messages, and the transport's channels hold that much without stalling.
     up        the reduce phase: partials flow from the leaves to the root. An interior node reduces the
               partial of its first child into its own buffer (RECV_REDUCE) and that of its second child
               straight on to its parent (RECV_REDUCE_SEND), so a partial is written at most once.
@@ -163,7 +166,7 @@ def tree_allreduce(rank: int, world: int, count: int, segment_elems: int) -> Pla
     if world == 1:
         return make_plan(rank, world, "allreduce", "tree", count, count, [])
     trees = double_binary_tree(world)
-    half_segments = cut_segments(split_even(count, 2), segment_elems)
+    half_segments = cut_segments(split_even(count, 2), max(1, segment_elems // 2))
     ticks = [_tree_ticks(rank, tree, half_segments[half]) for half, tree in enumerate(trees)]
     last_tick = max(max(t, default=0) for t in ticks)
     steps = [ticks[half].get(tick, []) for tick in range(last_tick + 1) for half in (0, 1)]

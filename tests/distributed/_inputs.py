@@ -216,7 +216,8 @@ def expected_values(dtype: str, op: str, world: int, count: int, start: int = 0,
     if dtype not in INTS and op != "prod":
         sign = {"sum": 0, "avg": 0, "min": -1, "max": 1}[op]
         scale = world if op == "sum" else 1
-        return _periodic(start, stop, lambda i: _float_c(i) * scale + sign * np.abs(_float_d(i)) * (world - 1))
+        spread = world - 1
+        return _periodic(start, stop, lambda i: _float_c(i) * scale + sign * np.abs(_float_d(i)) * spread)
     dt = np.dtype(dtype) if dtype in INTS else np.dtype(np.float64)
     ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
     acc = input_values(dtype, op, 0, world, count, start, stop).astype(dt)

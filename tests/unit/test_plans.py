@@ -139,7 +139,7 @@ def expected_links(
                     add(r, p, chunk[p] + chunk[r], 2 * segments)
     elif collective == "allreduce" and algorithm == "tree":
         halves = [n for _, n in split_even(count, 2)]
-        segments = num_segments(max(halves), seg)
+        segments = num_segments(max(halves), max(1, seg // 2))  # a tree segment: half the largest message
         for half, tree in zip(halves, double_binary_tree(world)):
             for child, parent in enumerate(tree.parent):
                 if parent >= 0:  # up then down: each edge carries the tree's half once each way
