@@ -20,7 +20,9 @@ from pycoll.algorithms import ALGORITHMS, build_plan
 from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.algorithms.plan import RECEIVES, SENDS, OpKind, Plan
 
-READS_SRC = {OpKind.SEND, OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND, OpKind.COPY}
+READS_SRC = {
+    OpKind.SEND, OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND, OpKind.COPY,
+}
 WRITES_DST = {k for k in OpKind if k not in (OpKind.SEND, OpKind.RECV_REDUCE_SEND)}
 
 
@@ -78,7 +80,8 @@ CASES = [(c, a, w) for c in ("allreduce", "reduce_scatter", "all_gather", "broad
 
 
 @pytest.mark.parametrize("collective,algorithm,world", CASES)
-def test_dependencies_order_every_conflict_and_nothing_else(collective: str, algorithm: str, world: int) -> None:
+def test_dependencies_order_every_conflict_and_nothing_else(collective: str, algorithm: str,
+                                                             world: int) -> None:
     seg = 4
     for count in (0, 1, world * seg - 1, 3 * world * seg + 5):
         for rank in range(world):
