@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pycoll")
 
 _PLAN_CACHE_SIZE = 512
+#: Prepared arguments of plain collectives kept (pycoll.comm.Communicator.run).
+_ARGS_CACHE_SIZE = 64
 
 
 def host_id(settings: Settings | None = None) -> str:
@@ -160,6 +162,7 @@ class Communicator:
             prefixed if plane is not None else FailFastStore(prefixed, "failure", rank=rank, timeout=timeout)
         )
         self._plans: OrderedDict[tuple, Any] = OrderedDict()
+        self._args: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._async: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -531,6 +534,16 @@ class Communicator:
         native = self._native
         if native is None:
             raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
+        # A plain collective on the CPU path: the arguments of this kind of call were made before, and only
+        # the buffers' addresses change (making them costs more than the rest of a small call).
+        key = None
+        timeout_s = self.timeout if timeout is None else timeout
+        if codec is None and residual is None and not self.grouped_on_cpu:
+            key = (collective, algorithm, count, inp.code, op, root, timeout_s, report)
+            args = self._args.get(key)
+            if args is not None:
+                self._args.move_to_end(key)
+                return self._run_native(native, args, inp.ptr, out.ptr, report)
         plan = self.native_plan(collective, algorithm, count, inp.itemsize, root, codec)
         program = None
         if self.grouped_on_cpu:
@@ -549,13 +562,22 @@ class Communicator:
             codec_id=0 if codec is None else codec.wire_id,
             residual=0 if residual is None else residual.ptr,
             seed=0 if codec is None else codec.seed,
-            timeout_s=self.timeout if timeout is None else timeout,
+            timeout_s=timeout_s,
             program=program,
         )
         if not report:
             args.skew = False
+        if key is not None:
+            self._args[key] = args
+            if len(self._args) > _ARGS_CACHE_SIZE:
+                self._args.popitem(last=False)
+        self._run_native(native, args, inp.ptr, out.ptr, report)
+
+    def _run_native(self, native: _C.NativeCommunicator, args: Any, inp: int, out: int, report: bool) -> None:
+        """Runs prepared arguments on the buffers at ``inp`` and ``out``; what a failure means for this
+        communicator (broken, revoked, a death the control plane should hear of) is decided here."""
         try:
-            events = native.run(args)
+            events = native.run_at(args, inp, out)
         except PycollError as e:
             if isinstance(e, InvalidUsageError):
                 raise

@@ -408,6 +408,18 @@ PYBIND11_MODULE(_C, m) {
             return c.run(mine);
           },
           py::arg("args"))
+      .def(
+          "run_at",
+          [](Communicator& c, const CollectiveArgs& args, uintptr_t input, uintptr_t output) {
+            // run() on other buffers: the caller keeps one CollectiveArgs per kind of call (making one
+            // costs microseconds) and only the addresses change from call to call.
+            CollectiveArgs mine = args;
+            mine.input = input;
+            mine.output = output;
+            py::gil_scoped_release release;
+            return c.run(mine);
+          },
+          py::arg("args"), py::arg("input"), py::arg("output"))
 #if PYCOLL_WITH_CUDA
       .def(
           "run_device",
