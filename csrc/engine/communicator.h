@@ -89,6 +89,8 @@ class Communicator {
   ShmTransport& shm();
   TcpTransport& tcp();
   uint64_t seq() const { return executor_->seq(); }
+  // Where this rank's time in its CPU collectives went (engine/waiter.h), summed since it was made.
+  const WaitStats& wait_stats() const { return executor_->stats(); }
   SkewRecorder& skew() { return *skew_; }
 
  private:

@@ -148,7 +148,8 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
       waits_(x.waits_),
       ctx_{seq_, &a.desc, -1},
       start_(Waiter::Clock::now()),
-      waiter_(t_, x.policy_, x.spin_budget_ns_, seq_, a.desc, start_, start_ + std::chrono::nanoseconds(a.timeout_ns)) {
+      waiter_(t_, x.policy_, x.spin_budget_ns_, seq_, a.desc, start_, start_ + std::chrono::nanoseconds(a.timeout_ns),
+              &x.stats_) {
   const size_t n_ops = plan.ops.size();
   msg_bytes_.resize(n_ops);
   for (size_t i = 0; i < n_ops; ++i)
@@ -178,7 +179,10 @@ void Executor::PlanRunner::run() {
     if (first == n) break;
     waiter_.after_pass(progressed, waits_.data(), waits_.size(), ctx_);
   }
+  waiter_.finish();
   if (stream_outputs_) cpu::stream_fence();
+  ++x_.stats_.collectives;
+  x_.stats_.run_ns += static_cast<uint64_t>(Waiter::ns_between(start_, Waiter::Clock::now()));
 }
 
 bool Executor::PlanRunner::ready(size_t i, size_t first) {

@@ -47,6 +47,8 @@ class Executor {
   // aborted first, so the other ranks raise too.
   void run(const NativePlan& plan, const RunArgs& args);
   uint64_t seq() const { return seq_; }
+  // Where this rank's time in the collectives run here went (WaitStats, engine/waiter.h).
+  const WaitStats& stats() const { return stats_; }
   // The number of a collective run by other means on the same transport (GroupedExecutor), so that the
   // numbers stay one sequence.
   uint64_t claim_seq() { return ++seq_; }
@@ -60,6 +62,7 @@ class Executor {
   ExecutorPolicy policy_;
   int64_t spin_budget_ns_ = 0;  // adaptive, <= policy_.spin_ns
   uint64_t seq_ = 0;
+  WaitStats stats_;
   // Per-run state, kept to avoid allocating on every collective.
   std::vector<uint64_t> pos_;
   std::vector<uint8_t> done_;

@@ -41,6 +41,19 @@ struct WaitPolicy {
   std::function<void()> on_idle;
 };
 
+// Where a rank's time in collectives went, summed over its collectives (bench/profile.py reads it): a
+// wait is the time from the first pass that moved nothing to the next that moved something; what is
+// not waiting is work (copies, reductions, codecs, the transport's own calls). Yields and sleeps count
+// the sched_yield calls and the Transport::wait calls (a futex or condition-variable wait) of the waits.
+struct WaitStats {
+  uint64_t collectives = 0;
+  uint64_t run_ns = 0;
+  uint64_t wait_ns = 0;
+  uint64_t waits = 0;
+  uint64_t yields = 0;
+  uint64_t sleeps = 0;
+};
+
 // Checks that a received fragment is the next one of the message this rank expects: the same collective
 // (seq) and call (hash of desc), the same message size, the next offset, inside the message, and
 // `whole` (a size the message is cut into). Raises the transport's mismatch error otherwise.
@@ -58,8 +71,9 @@ class Waiter {
 
   // `spin_budget_ns` is the adaptive spin budget, kept by the caller from one collective to the next;
   // `start` and `deadline` are the collective's (for the timeout and its message).
+  // `stats` (may be null) receives the waits (WaitStats).
   Waiter(Transport& t, const WaitPolicy& policy, int64_t& spin_budget_ns, uint64_t seq, const Descriptor& desc,
-         Clock::time_point start, Clock::time_point deadline)
+         Clock::time_point start, Clock::time_point deadline, WaitStats* stats = nullptr)
       : t_(t),
         policy_(policy),
         spin_budget_ns_(spin_budget_ns),
@@ -69,7 +83,8 @@ class Waiter {
         deadline_(deadline),
         idle_since_(Clock::now()),
         last_progress_(idle_since_),
-        slice_ns_(policy.first_slice_ns) {}
+        slice_ns_(policy.first_slice_ns),
+        stats_(stats) {}
 
   // After a pass over the pending messages: with progress, resets the back-off; without, takes one step
   // of it (spin, yield, or sleep until `waits` can progress). ctx.waiting_on_peer names the peer the
@@ -77,7 +92,7 @@ class Waiter {
   void after_pass(bool progressed, const WaitItem* waits, size_t n_waits, const WaitContext& ctx) {
     const Clock::time_point now = Clock::now();
     if (progressed) {
-      if (idle_ && policy_.spin_ns > 0) adapt_spin(now);
+      if (idle_) end_wait(now);
       idle_ = false;
       slice_ns_ = policy_.first_slice_ns;
       last_progress_ = now;
@@ -94,9 +109,17 @@ class Waiter {
     }
     if (idle_ns < spin_budget_ns_ + policy_.yield_ns) {
       sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
+      if (stats_) ++stats_->yields;
       return;
     }
+    if (stats_) ++stats_->sleeps;
     sleep(now, waits, n_waits, ctx);
+  }
+
+  // The collective is complete: a wait that the last pass ended is counted.
+  void finish() {
+    if (idle_) end_wait(Clock::now());
+    idle_ = false;
   }
 
   // The collective timed out on this rank: names the ranks that have not entered it, else the peer it
@@ -116,6 +139,13 @@ class Waiter {
   // A wait that ended while spinning says spinning pays: spin longer next time. One that had to sleep
   // anyway (a loaded machine, or the peer waiting for this very core) halves it.
   void adapt_spin(Clock::time_point now);
+  void end_wait(Clock::time_point now) {
+    if (policy_.spin_ns > 0) adapt_spin(now);
+    if (stats_) {
+      stats_->wait_ns += static_cast<uint64_t>(ns_between(idle_since_, now));
+      ++stats_->waits;
+    }
+  }
   // The deadline, the health checks after a slice without progress, and Transport::wait.
   void sleep(Clock::time_point now, const WaitItem* waits, size_t n_waits, const WaitContext& ctx);
 
@@ -128,6 +158,7 @@ class Waiter {
   bool idle_ = false;  // whether this rank is in a wait (idle_since_ is its start)
   Clock::time_point idle_since_, last_progress_;
   int64_t slice_ns_;
+  WaitStats* stats_;
 };
 
 }  // namespace pycoll

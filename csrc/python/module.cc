@@ -395,6 +395,19 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", [](Communicator& c) { return c.transport().segment_bytes(); })
       .def_property_readonly("fragment_bytes", [](Communicator& c) { return c.transport().fragment_bytes(); })
       .def_property_readonly("seq", &Communicator::seq)
+      .def("wait_stats",
+           [](Communicator& c) {
+             // A copy, summed since the communicator was made; bench/profile.py takes differences.
+             const WaitStats s = c.wait_stats();
+             py::dict d;
+             d["collectives"] = s.collectives;
+             d["run_ns"] = s.run_ns;
+             d["wait_ns"] = s.wait_ns;
+             d["waits"] = s.waits;
+             d["yields"] = s.yields;
+             d["sleeps"] = s.sleeps;
+             return d;
+           })
       .def("connect", [](Communicator& c, const std::vector<int>& pids,
                          const std::vector<int>& fds) { c.shm().connect(pids, fds); })
       .def("close_segment_fd", [](Communicator& c) { c.shm().close_segment_fd(); })

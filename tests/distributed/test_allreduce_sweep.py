@@ -1,4 +1,5 @@
-"""All-reduce sweep: world size 1..8 x element count x dtype x op x algorithm, on long-lived rank pools.
+"""All-reduce sweep: world size 1..8 (CI leaves out 7; SWEEP_FULL=1 runs it) x element count x dtype x op x
+algorithm, on long-lived rank pools.
 
 One pytest case per (world, algorithm); its body runs inside the ranks and loops over
 count {0, 1, 7, several segments, 1000003} x dtype (all 8) x op (sum, avg for floats, min, max, prod),
@@ -26,6 +27,8 @@ not installed.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from _inputs import (
@@ -51,7 +54,9 @@ import pycoll
 from pycoll.algorithms import ALGORITHMS as ALL_ALGORITHMS
 
 ALGORITHMS = ALL_ALGORITHMS["allreduce"]
-WORLDS = tuple(range(1, 9))
+#: World sizes: 1..8 with SWEEP_FULL=1; CI leaves out 7 (an odd world like 3 and 5, and the slowest here;
+#: tests/distributed/test_collectives.py runs 7 ranks).
+WORLDS = tuple(range(1, 9)) if os.environ.get("SWEEP_FULL", "") not in ("", "0") else (1, 2, 3, 4, 5, 6, 8)
 BIG = 1000003
 #: (dtype, op) pairs that also run with 1000003 elements
 BIG_SUBSET = (("float32", "sum"), ("bfloat16", "avg"), ("int64", "prod"), ("int8", "sum"))
