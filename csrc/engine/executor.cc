@@ -312,8 +312,7 @@ void Executor::PlanRunner::plain_recv(const PlanOp& op, uint64_t op_pos, const u
       reduce_(dst, room, src, frag, n / isz_, divisor, stream);
       break;
     case OpKind::kRecvCopySend:
-      std::memcpy(room, frag, n);
-      copy(dst, frag, n, stream);
+      cpu::copy_twice(dst, room, frag, n, stream);
       break;
     default:
       throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");

@@ -92,7 +92,7 @@ class Waiter {
   void after_pass(bool progressed, const WaitItem* waits, size_t n_waits, const WaitContext& ctx) {
     const Clock::time_point now = Clock::now();
     if (progressed) {
-      if (idle_) end_wait(now);
+      if (idle_) end_wait(resumed_);  // the wait ended where the pass that progressed began
       idle_ = false;
       slice_ns_ = policy_.first_slice_ns;
       last_progress_ = now;
@@ -105,20 +105,23 @@ class Waiter {
     const int64_t idle_ns = ns_between(idle_since_, now);
     if (idle_ns < spin_budget_ns_) {
       cpu_relax();
+      resumed_ = now;
       return;
     }
     if (idle_ns < spin_budget_ns_ + policy_.yield_ns) {
       sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
       if (stats_) ++stats_->yields;
+      resumed_ = Clock::now();
       return;
     }
     if (stats_) ++stats_->sleeps;
     sleep(now, waits, n_waits, ctx);
+    resumed_ = Clock::now();
   }
 
   // The collective is complete: a wait that the last pass ended is counted.
   void finish() {
-    if (idle_) end_wait(Clock::now());
+    if (idle_) end_wait(resumed_);
     idle_ = false;
   }
 
@@ -157,6 +160,7 @@ class Waiter {
   const Clock::time_point start_, deadline_;
   bool idle_ = false;  // whether this rank is in a wait (idle_since_ is its start)
   Clock::time_point idle_since_, last_progress_;
+  Clock::time_point resumed_;  // in a wait: when the pass after the last spin, yield or sleep began
   int64_t slice_ns_;
   WaitStats* stats_;
 };
