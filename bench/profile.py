@@ -2,7 +2,7 @@
 
     python bench/profile.py                                   # 4 ranks, shared memory, 4 KiB 1 MiB 64 MiB
     python bench/profile.py --ranks 2 --sizes 4K,64K --algorithms direct,ring
-    python bench/profile.py --transport tcp --syscalls        # over TCP loopback; strace counts rank 0's calls
+    python bench/profile.py --transport tcp --syscalls        # TCP loopback; strace counts rank 0's calls
     python bench/profile.py --json profile.jsonl
     pycoll run -n 4 bench/profile.py                          # the same, launched by hand
 
@@ -181,8 +181,9 @@ def _table(rows: list[dict[str, Any]], syscalls: bool) -> list[str]:
 
         call = max(r["call_us"] for r in mine)
         native, wait = mean("native_us"), mean("wait_us")
-        line = (f"  {report.format_size(nbytes):>9} {algorithm:>12} {call:10.2f} {mean('call_us') - native:9.2f} "
-                f"{native:10.2f} {wait:9.2f} {100 * wait / native if native else 0:6.1f}% {native - wait:9.2f} "
+        share = 100 * wait / native if native else 0.0
+        line = (f"  {report.format_size(nbytes):>9} {algorithm:>12} {call:10.2f} "
+                f"{mean('call_us') - native:9.2f} {native:10.2f} {wait:9.2f} {share:6.1f}% {native - wait:9.2f} "
                 f"{mean('yields'):7.2f} {mean('sleeps'):7.2f} {mean('vcsw'):8.2f} {mean('ivcsw'):8.2f}")
         if syscalls:
             calls = next((r["syscalls"] for r in mine if r["rank"] == 0), {})
