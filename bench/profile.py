@@ -182,8 +182,9 @@ def _table(rows: list[dict[str, Any]], syscalls: bool) -> list[str]:
         call = max(r["call_us"] for r in mine)
         native, wait = mean("native_us"), mean("wait_us")
         share = 100 * wait / native if native else 0.0
+        api, work = mean("call_us") - native, native - wait
         line = (f"  {report.format_size(nbytes):>9} {algorithm:>12} {call:10.2f} "
-                f"{mean('call_us') - native:9.2f} {native:10.2f} {wait:9.2f} {share:6.1f}% {native - wait:9.2f} "
+                f"{api:9.2f} {native:10.2f} {wait:9.2f} {share:6.1f}% {work:9.2f} "
                 f"{mean('yields'):7.2f} {mean('sleeps'):7.2f} {mean('vcsw'):8.2f} {mean('ivcsw'):8.2f}")
         if syscalls:
             calls = next((r["syscalls"] for r in mine if r["rank"] == 0), {})
