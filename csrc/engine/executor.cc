@@ -181,8 +181,8 @@ void Executor::PlanRunner::run() {
   }
   waiter_.finish();
   if (stream_outputs_) cpu::stream_fence();
-  ++x_.stats_.collectives;
-  x_.stats_.run_ns += static_cast<uint64_t>(Waiter::ns_between(start_, Waiter::Clock::now()));
+  x_.stats_.collectives.add(1);
+  x_.stats_.run_ns.add(static_cast<uint64_t>(Waiter::ns_between(start_, Waiter::Clock::now())));
 }
 
 bool Executor::PlanRunner::ready(size_t i, size_t first) {

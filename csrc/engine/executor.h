@@ -1,7 +1,7 @@
 // Runs one rank's plan over a transport: posts sends and receives as soon as what they depend on is done
 // (later steps run ahead of earlier ones where the plan allows), calls the reduce kernels on fragments in
-// place, and waits without burning a core. Every wait
-// has a deadline; errors abort the communicator so that every rank raises, none hangs.
+// place, and waits without burning a core. Every wait has a deadline; errors abort the communicator so
+// that every rank raises, none hangs.
 #pragma once
 
 #include <cstdint>

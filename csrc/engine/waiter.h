@@ -13,6 +13,7 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -45,13 +46,15 @@ struct WaitPolicy {
 // wait is the time from the first pass that moved nothing to the next that moved something; what is
 // not waiting is work (copies, reductions, codecs, the transport's own calls). Yields and sleeps count
 // the sched_yield calls and the Transport::wait calls (a futex or condition-variable wait) of the waits.
+// The counters have one writer (the thread running the collectives) and may be read from another while
+// it runs (a profiler's snapshot): relaxed atomics, each read on its own.
 struct WaitStats {
-  uint64_t collectives = 0;
-  uint64_t run_ns = 0;
-  uint64_t wait_ns = 0;
-  uint64_t waits = 0;
-  uint64_t yields = 0;
-  uint64_t sleeps = 0;
+  struct Counter {
+    std::atomic<uint64_t> v{0};
+    void add(uint64_t n) { v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+    uint64_t get() const { return v.load(std::memory_order_relaxed); }
+  };
+  Counter collectives, run_ns, wait_ns, waits, yields, sleeps;
 };
 
 // Checks that a received fragment is the next one of the message this rank expects: the same collective
@@ -110,11 +113,11 @@ class Waiter {
     }
     if (idle_ns < spin_budget_ns_ + policy_.yield_ns) {
       sched_yield();  // hand the core to a peer that shares it: far cheaper than sleep + wake-up
-      if (stats_) ++stats_->yields;
+      if (stats_) stats_->yields.add(1);
       resumed_ = Clock::now();
       return;
     }
-    if (stats_) ++stats_->sleeps;
+    if (stats_) stats_->sleeps.add(1);
     sleep(now, waits, n_waits, ctx);
     resumed_ = Clock::now();
   }
@@ -145,8 +148,8 @@ class Waiter {
   void end_wait(Clock::time_point now) {
     if (policy_.spin_ns > 0) adapt_spin(now);
     if (stats_) {
-      stats_->wait_ns += static_cast<uint64_t>(ns_between(idle_since_, now));
-      ++stats_->waits;
+      stats_->wait_ns.add(static_cast<uint64_t>(ns_between(idle_since_, now)));
+      stats_->waits.add(1);
     }
   }
   // The deadline, the health checks after a slice without progress, and Transport::wait.

@@ -397,15 +397,15 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("seq", &Communicator::seq)
       .def("wait_stats",
            [](Communicator& c) {
-             // A copy, summed since the communicator was made; bench/profile.py takes differences.
-             const WaitStats s = c.wait_stats();
+             // Sums since the communicator was made; bench/profile.py takes differences.
+             const WaitStats& s = c.wait_stats();
              py::dict d;
-             d["collectives"] = s.collectives;
-             d["run_ns"] = s.run_ns;
-             d["wait_ns"] = s.wait_ns;
-             d["waits"] = s.waits;
-             d["yields"] = s.yields;
-             d["sleeps"] = s.sleeps;
+             d["collectives"] = s.collectives.get();
+             d["run_ns"] = s.run_ns.get();
+             d["wait_ns"] = s.wait_ns.get();
+             d["waits"] = s.waits.get();
+             d["yields"] = s.yields.get();
+             d["sleeps"] = s.sleeps.get();
              return d;
            })
       .def("connect", [](Communicator& c, const std::vector<int>& pids,

@@ -357,6 +357,33 @@ def test_broadcast_from_every_root(rank_pool, world):
     _same_digests(results, f"broadcast world {world}")
 
 
+def body_wait_stats(comm, rank, world, late, delay_s, n):
+    """The executor's own account of a rank's time (bench/profile.py reads it): ``n`` all-reduces, before
+    each of which rank ``late`` sleeps ``delay_s``."""
+    native = comm.native()
+    x = np.ones(1000, np.float32)
+    pycoll.barrier(comm=comm)
+    before = native.wait_stats()
+    for _ in range(n):
+        if rank == late:
+            time.sleep(delay_s)
+        pycoll.allreduce(x, comm=comm)
+    after = native.wait_stats()
+    return {k: after[k] - before[k] for k in after}
+
+
+def test_wait_stats_count_the_collectives_and_the_time_spent_waiting(rank_pool):
+    late, delay, n = 1, 0.02, 5
+    results = rank_pool(2).run(body_wait_stats, late, delay, n, timeout=60)
+    for r, d in enumerate(results):
+        assert d["collectives"] == n, d
+        assert 0 <= d["wait_ns"] <= d["run_ns"], d
+        assert d["waits"] >= (n if r != late else 0), d
+    # The punctual rank waited for the late one's sleeps; the late one found its peer there already.
+    assert results[0]["wait_ns"] >= 0.7 * n * delay * 1e9, results[0]
+    assert results[late]["wait_ns"] < 0.3 * results[0]["wait_ns"], results
+
+
 @pytest.mark.parametrize("world", (2, 3, 4))
 def test_barrier_waits_for_the_last_rank(rank_pool, world):
     delay = 0.3
