@@ -353,6 +353,20 @@ def allreduce(
     operators are never compressed). ``residual``: error feedback, a float32 array like ``x`` or a
     ``pycoll.compression.ErrorFeedback``; what compression lost is stored there and added next time.
     """
+    c = comm if comm is not None else _default
+    in_place_key = in_place_dtype = None
+    plain = compression is None and residual is None and error_budget is None and not async_op
+    if plain and isinstance(x, np.ndarray) and c is not None:
+        # The fast path: a numpy array of a dtype and length this communicator has all-reduced before
+        # with the same arguments runs the prepared call (checked against the array in the native layer).
+        in_place_dtype = x.dtype
+        in_place_key = (in_place_dtype.num, x.size, op, algorithm, timeout)
+        try:
+            prepared = c.in_place.get(in_place_key)
+        except TypeError:  # an unhashable argument: the full path names what is wrong with it
+            prepared = in_place_key = None
+        if prepared is not None and prepared[0] is in_place_dtype and c.run_in_place(prepared[1], x):
+            return x
     c = get_comm(comm)
     buf = as_buffer(x, "x", writable=True)
     code = op_code(op, buf)
@@ -374,6 +388,8 @@ def allreduce(
             "algorithm='nccl' does not compress; use ring, tree or direct with compression="
         )
     _timeout(timeout)
+    if in_place_key is not None and codec is None and not gpu:
+        c.remember_in_place(in_place_key, in_place_dtype, "allreduce", algo, buf, code, timeout)
     how = "" if codec is None else f", {codec!r}"
     if gpu:
         return _launch_gpu(

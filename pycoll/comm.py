@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar, cast
 
 from pycoll import _C, auto
 from pycoll.algorithms import build_plan
@@ -163,6 +163,9 @@ class Communicator:
         )
         self._plans: OrderedDict[tuple, Any] = OrderedDict()
         self._args: OrderedDict[tuple, Any] = OrderedDict()
+        #: pycoll.allreduce's fast path: per (dtype number, length, op, algorithm, timeout) of a numpy
+        #: array, its dtype and the prepared arguments of a call that passed the full path.
+        self.in_place: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self._async: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -534,24 +537,64 @@ class Communicator:
         native = self._native
         if native is None:
             raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
-        # A plain collective on the CPU path: the arguments of this kind of call were made before, and only
-        # the buffers' addresses change (making them costs more than the rest of a small call).
-        key = None
-        timeout_s = self.timeout if timeout is None else timeout
-        if codec is None and residual is None and not self.grouped_on_cpu:
-            key = (collective, algorithm, count, inp.code, op, root, timeout_s, report)
-            args = self._args.get(key)
+        if codec is None and residual is None:
+            args = self.plain_args(collective, algorithm, inp, count, op, root, timeout, report)
             if args is not None:
-                self._args.move_to_end(key)
-                return self._run_native(native, args, inp.ptr, out.ptr, report)
+                self._run_native(native, args, inp.ptr, out.ptr, report)
+                return
+        timeout_s = self.timeout if timeout is None else timeout
+        args = self._make_args(
+            collective, algorithm, inp, count, op, root, timeout_s, codec, residual, report
+        )
+        self._run_native(native, args, inp.ptr, out.ptr, report)
+
+    def plain_args(
+        self,
+        collective: str,
+        algorithm: str,
+        inp: Buffer,
+        count: int,
+        op: int,
+        root: int,
+        timeout: float | None,
+        report: bool = True,
+    ) -> Any:
+        """The native arguments of a plain (uncompressed) CPU collective of this kind, made once per kind
+        of call (making them costs more than the rest of a small call): only the buffers' addresses
+        change from call to call. None where each call needs its own (grouped programs)."""
+        if self.grouped_on_cpu:
+            return None
+        timeout_s = self.timeout if timeout is None else timeout
+        key = (collective, algorithm, count, inp.code, op, root, timeout_s, report)
+        args = self._args.get(key)
+        if args is not None:
+            self._args.move_to_end(key)
+            return args
+        args = self._make_args(collective, algorithm, inp, count, op, root, timeout_s, None, None, report)
+        self._args[key] = args
+        if len(self._args) > _ARGS_CACHE_SIZE:
+            self._args.popitem(last=False)
+        return args
+
+    def _make_args(
+        self,
+        collective: str,
+        algorithm: str,
+        inp: Buffer,
+        count: int,
+        op: int,
+        root: int,
+        timeout_s: float,
+        codec: Any,
+        residual: Buffer | None,
+        report: bool,
+    ) -> Any:
         plan = self.native_plan(collective, algorithm, count, inp.itemsize, root, codec)
         program = None
         if self.grouped_on_cpu:
             program = self.grouped_program(collective, algorithm, count, inp.itemsize, root, codec)
-        args = _C.CollectiveArgs(
+        args = _C.CollectiveArgs(  # the buffers' addresses are given per call (_run_native)
             plan=plan,
-            input=inp.ptr,
-            output=out.ptr,
             dtype=inp.code,
             op=op,
             collective=COLLECTIVE_CODES[collective],
@@ -567,20 +610,58 @@ class Communicator:
         )
         if not report:
             args.skew = False
-        if key is not None:
-            self._args[key] = args
-            if len(self._args) > _ARGS_CACHE_SIZE:
-                self._args.popitem(last=False)
-        self._run_native(native, args, inp.ptr, out.ptr, report)
+        return args
+
+    def remember_in_place(
+        self,
+        key: tuple,
+        dtype: Any,
+        collective: str,
+        algorithm: str,
+        buf: Buffer,
+        op: int,
+        timeout: float | None,
+    ) -> None:
+        """Keeps the prepared arguments of a validated in-place call on arrays of ``dtype`` (a numpy dtype,
+        matched by identity: byte-swapped variants are other objects) under ``key`` (``in_place``)."""
+        args = self.plain_args(collective, algorithm, buf, buf.count, op, 0, timeout)
+        if args is None:
+            return
+        if len(self.in_place) >= _ARGS_CACHE_SIZE:
+            self.in_place.clear()
+        self.in_place[key] = (dtype, args)
+
+    def run_in_place(self, args: Any, array: Any) -> bool:
+        """The fast path of a small call (pycoll.allreduce on a numpy array like one it ran before):
+        ``args`` from plain_args, run in place on ``array``. False, with nothing run, where the call must
+        take the full path: an asynchronous collective was ever started (call order is kept there), the
+        communicator failed or runs grouped programs, or the array is not writable and C-contiguous."""
+        native = self._native
+        if native is None or self._async is not None or self._broken is not None or self.grouped_on_cpu:
+            return False
+        try:
+            events = native.run_in_place(args, array)
+        except BaseException as e:
+            self._native_failed(e)
+        if events > 0 and self._skew is not None:
+            self._skew.dispatch()
+        return events >= 0
 
     def _run_native(self, native: _C.NativeCommunicator, args: Any, inp: int, out: int, report: bool) -> None:
-        """Runs prepared arguments on the buffers at ``inp`` and ``out``; what a failure means for this
-        communicator (broken, revoked, a death the control plane should hear of) is decided here."""
+        """Runs prepared arguments on the buffers at ``inp`` and ``out``."""
         try:
             events = native.run_at(args, inp, out)
-        except PycollError as e:
+        except BaseException as e:
+            self._native_failed(e)
+        if events and report and self._skew is not None:  # never inside the library's own collectives
+            self._skew.dispatch()
+
+    def _native_failed(self, e: BaseException) -> NoReturn:
+        """Raises what the failure ``e`` of a native collective means for this communicator: broken,
+        revoked, a death the control plane should hear of."""
+        if isinstance(e, PycollError):
             if isinstance(e, InvalidUsageError):
-                raise
+                raise e
             self._broken = e
             plane = self._plane
             if plane is not None:
@@ -594,14 +675,12 @@ class Communicator:
                     not isinstance(e, CollectiveMismatchError) and (plane.revoked is not None or plane.dead)
                 ):
                     raise self._plane_error(prefer=lost) from e
-            raise
-        except BaseException as e:  # KeyboardInterrupt mid-collective: the peers were told, this is over
-            self._broken = e
-            if self._plane is not None:
-                self._plane.revoke(f"rank {self.rank} was interrupted ({type(e).__name__})")
-            raise
-        if events and report and self._skew is not None:  # never inside the library's own collectives
-            self._skew.dispatch()
+            raise e
+        # KeyboardInterrupt mid-collective: the peers were told, this is over
+        self._broken = e
+        if self._plane is not None:
+            self._plane.revoke(f"rank {self.rank} was interrupted ({type(e).__name__})")
+        raise e
 
     def native(self) -> _C.NativeCommunicator:
         """The native communicator; InvalidUsageError once finalized."""

@@ -433,6 +433,30 @@ PYBIND11_MODULE(_C, m) {
             return c.run(mine);
           },
           py::arg("args"), py::arg("input"), py::arg("output"))
+      .def(
+          "run_in_place",
+          [](Communicator& c, const CollectiveArgs& args, py::handle array) -> int64_t {
+            // run() in place on an object with the buffer protocol (a numpy array), for the small calls
+            // whose Python layer costs more than the collective: its address comes from the buffer
+            // protocol here. The caller has matched the array's type, dtype and length to `args`; what
+            // may differ from one array to the next is checked here, and -1 (nothing run) sends the
+            // call down the full path, which names what is wrong.
+            Py_buffer view;
+            if (PyObject_GetBuffer(array.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+              PyErr_Clear();
+              return -1;
+            }
+            const std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> held(&view, PyBuffer_Release);
+            if (args.dtype < 0 || args.dtype >= kNumDTypes) return -1;
+            const auto bytes = static_cast<Py_ssize_t>(args.count) *
+                               static_cast<Py_ssize_t>(dtype_size(static_cast<DType>(args.dtype)));
+            if (view.len != bytes) return -1;
+            CollectiveArgs mine = args;
+            mine.input = mine.output = reinterpret_cast<uintptr_t>(view.buf);
+            py::gil_scoped_release release;
+            return static_cast<int64_t>(c.run(mine));
+          },
+          py::arg("args"), py::arg("array"))
 #if PYCOLL_WITH_CUDA
       .def(
           "run_device",

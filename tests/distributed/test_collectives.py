@@ -206,6 +206,61 @@ def body_unaligned_and_0d(comm, rank, world):
     return failures
 
 
+def body_fast_path(comm, rank, world):
+    """Repeated all-reduces of numpy arrays like one reduced before take the fast path (no Python-side
+    validation: as_buffer is not called again), on new arrays each time, and still get checked: arrays
+    it cannot take (read-only, strided) are refused by the full path, other dtypes, lengths, operators and
+    async calls are right."""
+    import pycoll.api as api
+
+    failures = []
+    validated = []
+    real_as_buffer = api.as_buffer
+    api.as_buffer = lambda x, name, **kw: validated.append(name) or real_as_buffer(x, name, **kw)
+    try:
+        n = 1000
+        want = (np.arange(n) % 13) * world + world * (world - 1) // 2
+        for i in range(6):
+            # New memory every call, the later ones at an odd offset into a larger array.
+            x = np.zeros(n, np.float32) if i < 3 else np.zeros(n + 9, np.float32)[i:][:n]
+            x[:] = np.arange(n) % 13 + rank
+            pycoll.allreduce(x, comm=comm, timeout=30)
+            if not np.array_equal(x, want.astype(np.float32)):
+                failures.append(f"call {i}: wrong sum")
+        if len(validated) != 1:
+            failures.append(f"as_buffer ran {len(validated)} times for six like calls, expected once")
+        if not comm.in_place:
+            failures.append("no prepared call was kept")
+        ro = np.ones(n, np.float32)
+        ro.flags.writeable = False
+        strided = np.ones(2 * n, np.float32)[::2]
+        for bad, what in ((ro, "read-only"), (strided, "strided")):
+            try:
+                pycoll.allreduce(bad, comm=comm, timeout=30)
+                failures.append(f"a {what} array was accepted")
+            except pycoll.InvalidUsageError:
+                pass
+        others = (
+            (np.full(n, rank + 1, np.int32), "sum", np.full(n, world * (world + 1) // 2, np.int32)),
+            (np.full(n + 1, rank + 1.0, np.float32), "sum", np.full(n + 1, world * (world + 1) / 2, "f4")),
+            (np.full(n, rank, np.float32), "max", np.full(n, world - 1, np.float32)),
+        )
+        for x, op, expected in others * 2:
+            x = x.copy()
+            pycoll.allreduce(x, op, comm=comm, timeout=30)
+            if not np.array_equal(x, expected):
+                failures.append(f"{x.dtype} x {x.size} {op}: wrong result")
+        a, y = np.full(n, rank + 1, np.int32), np.full(n, rank + 1, np.int32)
+        w = pycoll.allreduce(a, comm=comm, async_op=True)
+        pycoll.allreduce(y, comm=comm, timeout=30)  # after an async call: in order, on the full path
+        w.wait(30)
+        if not (np.array_equal(a, y) and y[0] == world * (world + 1) // 2):
+            failures.append("async then sync: wrong results")
+    finally:
+        api.as_buffer = real_as_buffer
+    return failures
+
+
 # ---- async ---------------------------------------------------------------------------------------------
 def _sum_ok(x, dtype, world, count) -> bool:
     want = expected_bits(expected_values(dtype, "sum", world, count), dtype)
@@ -432,6 +487,11 @@ def test_auto_algorithm_and_default_communicator(rank_pool, world):
 @pytest.mark.parametrize("world", (1, 3))
 def test_unaligned_and_zero_dimensional_arrays(rank_pool, world):
     _no_failures(rank_pool(world).run(body_unaligned_and_0d, timeout=60), f"unaligned world {world}")
+
+
+@pytest.mark.parametrize("world", (1, 3))
+def test_repeated_calls_take_the_fast_path_and_still_check_their_arrays(rank_pool, world):
+    _no_failures(rank_pool(world).run(body_fast_path, timeout=60), f"fast path world {world}")
 
 
 @pytest.mark.parametrize("world", (2, 3))
