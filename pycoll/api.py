@@ -388,7 +388,7 @@ def allreduce(
             "algorithm='nccl' does not compress; use ring, tree or direct with compression="
         )
     _timeout(timeout)
-    if in_place_key is not None and codec is None and not gpu:
+    if in_place_key is not None:  # a plain call on host memory: the fast path takes it next time
         c.remember_in_place(in_place_key, in_place_dtype, "allreduce", algo, buf, code, timeout)
     how = "" if codec is None else f", {codec!r}"
     if gpu:
