@@ -72,15 +72,17 @@ def wait_policy(settings: Settings, local_world_size: int, transport: str, cpus:
     number of CPUs and of ranks on this host. Every rank on a core of its own: poll briefly, then yield
     briefly (in case the scheduler put a peer on this very core), then sleep. More ranks than cores:
     never spin (it steals the core the peer needs) but yield for a while before sleeping. Over TCP only
-    (every peer on another host) never spin: the network is slow to answer, so sleep on the transport
-    rather than burn a core."""
+    (every peer on another host) neither spin nor yield: the network is slow to answer and what a rank
+    waits for arrives through its own I/O thread, which wakes it; polling or yielding meanwhile only takes
+    CPU from that thread and from the kernel's network stack (with 4 hosts sharing 2 vCPUs in netns,
+    yielding for 50 us cost 5-20% of the ring's busbw at 64 MiB, docs/performance.md)."""
     oversubscribed = local_world_size > cpus
     spin = settings.spin_us
     if spin is None:
         spin = 0 if oversubscribed else DEFAULT_SPIN_US
     yield_us = settings.yield_us
     if yield_us is None:
-        yield_us = DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
+        yield_us = 0 if transport == "tcp" else DEFAULT_YIELD_US if oversubscribed else DEFAULT_YIELD_US // 4
     if transport == "tcp":
         spin = 0
     return spin, yield_us

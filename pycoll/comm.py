@@ -240,14 +240,14 @@ class Communicator:
     def _form_native(self, settings: Settings, timeout: float) -> None:
         rank, world_size = self.rank, self.world_size
         spin, yield_us = auto.wait_policy(settings, self.local_world_size, self.transport, usable_cpus())
-        slot_bytes = settings.slot_bytes_for(world_size)
+        slot_bytes, slots = settings.ring_shape(self.transport, world_size)
         local = [h == self.hosts[rank] for h in self.hosts] if self.transport == "mixed" else []
         bind, advertised = self.addresses if self.transport in ("tcp", "mixed") else ("", "")
         self._native = _C.NativeCommunicator(
             rank,
             world_size,
             slot_bytes,
-            settings.shm_slots,
+            slots,
             spin * 1000,
             yield_us * 1000,
             settings.stream_bytes,
@@ -278,7 +278,7 @@ class Communicator:
             {"shm": "shared-memory", "tcp": "TCP", "mixed": "shared-memory (this host) and TCP"}[
                 self.transport
             ],
-            settings.shm_slots,
+            slots,
             slot_bytes // 1024,
             spin,
             yield_us,

@@ -8,10 +8,17 @@
 |                        | ``auto``: 128 KiB, less above 8 local ranks (8 MiB of rings    |         |
 |                        | per rank at most)                                              |         |
 | PYCOLL_SHM_SLOTS       | slots per shared-memory ring (per ordered pair of ranks)       | 8       |
+| PYCOLL_TCP_FRAGMENT_BYTES | payload bytes of one TCP ring slot (a fragment on the wire; | auto    |
+|                        | multiple of 64) of a communicator whose peers are all on other |         |
+|                        | hosts; ``auto``: 512 KiB, less above 16 ranks (64 MiB of rings |         |
+|                        | per rank at most). With peers on this host too, TCP takes the  |         |
+|                        | shared-memory ring's shape                                     |         |
+| PYCOLL_TCP_SLOTS       | slots per TCP ring (each way, per peer), the same way          | 4       |
 | PYCOLL_SPIN_US         | microseconds a waiting rank polls before it sleeps; ``auto``:  | auto    |
 |                        | 5000 when every local rank has a CPU of its own, else 0        |         |
-| PYCOLL_YIELD_US       | microseconds a waiting rank yields its core before sleeping;  | auto    |
-|                        | ``auto``: 200 when ranks outnumber CPUs, else 50                |         |
+| PYCOLL_YIELD_US        | microseconds a waiting rank yields its core before sleeping;   | auto    |
+|                        | ``auto``: 0 over TCP only, 200 when ranks outnumber CPUs,      |         |
+|                        | else 50                                                        |         |
 | PYCOLL_STREAM_BYTES    | collectives with outputs at least this large write results     | off     |
 |                        | with non-temporal stores; off by default, as they measured      |         |
 |                        | slower than plain stores on the VMs pycoll was tuned on        |         |
@@ -66,6 +73,10 @@ MAX_SLOT_BYTES = 128 * 1024
 MIN_SLOT_BYTES = 16 * 1024
 RING_BYTES_PER_RANK = 8 << 20
 DEFAULT_SLOTS = 8
+# TCP's rings (Settings.ring_shape): larger fragments than shared memory's, fewer of them in flight.
+TCP_FRAGMENT_BYTES = 512 * 1024
+TCP_RING_BYTES_PER_RANK = 64 << 20
+DEFAULT_TCP_SLOTS = 4
 DEFAULT_SKEW_WINDOW = 1000
 # PYCOLL_STRAGGLER_MS judges a rank's mean lateness over this many collectives.
 STRAGGLER_WINDOW = 100
@@ -87,6 +98,8 @@ class Settings:
     debug: str | None = None
     shm_slot_bytes: int | None = None  # None: slot_bytes_for(world size)
     shm_slots: int = DEFAULT_SLOTS
+    tcp_fragment_bytes: int | None = None  # None: ring_shape decides
+    tcp_slots: int = DEFAULT_TCP_SLOTS
     spin_us: int | None = None  # None: decide from the number of CPUs and local ranks
     stream_bytes: int = STREAM_OFF
     yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
@@ -123,6 +136,25 @@ class Settings:
             size //= 2
         return size
 
+    def ring_shape(self, transport: str, world: int) -> tuple[int, int]:
+        """(slot bytes, slots) of every ring of a communicator over ``transport`` ("shm", "tcp" or
+        "mixed"); a slot holds one fragment, the unit the plans cut messages into. TCP alone has rings of
+        its own: 512 KiB x 4 took 1.23-1.46x Gloo's busbw at 64 MiB between 2 hosts (unshaped veth, 2
+        vCPUs) where shared memory's 128 KiB x 8 took 0.76-1.03x: a fragment costs the same thread
+        hand-overs and wake-ups whatever its size, and over TCP those, not copies, bound the rate
+        (docs/performance.md). Each peer holds 2 rings (send, receive), so above 16 ranks fragments shrink
+        to keep a rank's rings near 64 MiB. With peers on this host too ("mixed") both transports take the
+        shared-memory shape: plans cut messages one way for every link."""
+        if transport != "tcp":
+            return self.slot_bytes_for(world), self.shm_slots
+        if self.tcp_fragment_bytes is not None:
+            return self.tcp_fragment_bytes, self.tcp_slots
+        fit = TCP_RING_BYTES_PER_RANK // (2 * self.tcp_slots * max(1, world - 1))
+        size = TCP_FRAGMENT_BYTES
+        while size > fit and size > MIN_SLOT_BYTES:
+            size //= 2
+        return size, self.tcp_slots
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
@@ -144,10 +176,13 @@ class Settings:
             debug = "WARN"
         if debug is not None and debug not in DEBUG_LEVELS:
             raise InvalidUsageError(f"PYCOLL_DEBUG must be one of {', '.join(DEBUG_LEVELS)}, got {debug!r}")
-        slot_raw = env.get("PYCOLL_SHM_SLOT_BYTES", "auto").strip().lower()
-        slot_bytes = None if slot_raw in ("", "auto") else int(number("PYCOLL_SHM_SLOT_BYTES", 0, int, 4096))
-        if slot_bytes is not None and slot_bytes % 64:
-            raise InvalidUsageError(f"PYCOLL_SHM_SLOT_BYTES must be a multiple of 64, got {slot_bytes}")
+        def slot_size(name: str) -> int | None:
+            raw = env.get(name, "auto").strip().lower()
+            size = None if raw in ("", "auto") else int(number(name, 0, int, 4096))
+            if size is not None and size % 64:
+                raise InvalidUsageError(f"{name} must be a multiple of 64, got {size}")
+            return size
+
         spin_raw = env.get("PYCOLL_SPIN_US", "auto").strip().lower()
         spin = None if spin_raw in ("", "auto") else int(number("PYCOLL_SPIN_US", 0, int, 0))
         yield_raw = env.get("PYCOLL_YIELD_US", "auto").strip().lower()
@@ -169,8 +204,10 @@ class Settings:
             gpu_transport=gpu_transport,
             timeout_s=float(number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT_S, float, 0.001)),
             debug=debug,
-            shm_slot_bytes=slot_bytes,
+            shm_slot_bytes=slot_size("PYCOLL_SHM_SLOT_BYTES"),
             shm_slots=int(number("PYCOLL_SHM_SLOTS", DEFAULT_SLOTS, int, 2)),
+            tcp_fragment_bytes=slot_size("PYCOLL_TCP_FRAGMENT_BYTES"),
+            tcp_slots=int(number("PYCOLL_TCP_SLOTS", DEFAULT_TCP_SLOTS, int, 2)),
             spin_us=spin,
             yield_us=yield_us,
             stream_bytes=int(number("PYCOLL_STREAM_BYTES", STREAM_OFF, int, 0)),

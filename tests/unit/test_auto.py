@@ -32,12 +32,38 @@ def test_transport(setting: str, nodes: int, world: int, expected: str) -> None:
     [
         (2, "shm", 2, (DEFAULT_SPIN_US, DEFAULT_YIELD_US // 4)),
         (4, "shm", 2, (0, DEFAULT_YIELD_US)),  # oversubscribed: never spin, yield longer
-        (1, "tcp", 8, (0, DEFAULT_YIELD_US // 4)),  # TCP only: sleep on the transport
+        (1, "tcp", 8, (0, 0)),  # TCP only: sleep on the transport, its I/O thread wakes the rank
         (2, "mixed", 2, (DEFAULT_SPIN_US, DEFAULT_YIELD_US // 4)),
     ],
 )
 def test_wait_policy_auto(local_world: int, transport: str, cpus: int, expected: tuple[int, int]) -> None:
     assert auto.wait_policy(Settings(), local_world, transport, cpus) == expected
+
+
+@pytest.mark.parametrize(
+    "transport, world, expected",
+    [
+        ("tcp", 2, (512 * 1024, 4)),  # TCP alone: large fragments (fewer hand-overs per byte)
+        ("tcp", 17, (512 * 1024, 4)),  # 16 peers x 2 rings x 4 x 512 KiB = 64 MiB: still fits
+        ("tcp", 18, (256 * 1024, 4)),  # above it fragments shrink
+        ("tcp", 4096, (16 * 1024, 4)),  # never below 16 KiB
+        ("shm", 4, (128 * 1024, 8)),
+        ("mixed", 4, (128 * 1024, 8)),  # one shape for both transports of a composite
+    ],
+)
+def test_ring_shape_auto(transport: str, world: int, expected: tuple[int, int]) -> None:
+    assert Settings().ring_shape(transport, world) == expected
+
+
+def test_ring_shape_keeps_what_is_set() -> None:
+    env = {"PYCOLL_TCP_FRAGMENT_BYTES": "65536", "PYCOLL_TCP_SLOTS": "16", "PYCOLL_SHM_SLOTS": "32"}
+    settings = Settings.from_environ(env)
+    assert settings.ring_shape("tcp", 64) == (65536, 16)
+    assert settings.ring_shape("shm", 2) == (128 * 1024, 32)
+    with pytest.raises(InvalidUsageError, match="PYCOLL_TCP_FRAGMENT_BYTES must be a multiple of 64"):
+        Settings.from_environ({"PYCOLL_TCP_FRAGMENT_BYTES": "5000"})
+    with pytest.raises(InvalidUsageError, match="PYCOLL_TCP_SLOTS must be >= 2"):
+        Settings.from_environ({"PYCOLL_TCP_SLOTS": "1"})
 
 
 def test_wait_policy_keeps_what_is_set() -> None:
