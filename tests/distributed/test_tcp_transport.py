@@ -94,14 +94,23 @@ def _body(comm, rank, world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_collectives_over_tcp(world):
     with RankPool(world, env=TCP) as pool:
-        assert {i["transport"] for i in pool.run(_info, timeout=30)} == {"tcp"}
+        info = pool.run(_info, timeout=30)
         results = pool.run(_body, timeout=300)
+    # TCP alone has rings of its own shape (Settings.ring_shape): 512 KiB fragments, 4 slots, half a ring
+    # per message segment; the harness's PYCOLL_SHM_SLOT_BYTES does not apply to them.
+    assert {(i["transport"], i["fragment"], i["segment"]) for i in info} == {("tcp", 512 << 10, 1 << 20)}
     assert [f for f, _ in results] == [[]] * world
     assert len({d for _, d in results}) == 1, "ranks ended with different bits"
 
 
 def _info(comm, rank, world):
-    return {"transport": comm.transport, "node": comm.node_rank, "local": comm.local_rank}
+    return {
+        "transport": comm.transport,
+        "node": comm.node_rank,
+        "local": comm.local_rank,
+        "fragment": comm.fragment_bytes,
+        "segment": comm.segment_bytes,
+    }
 
 
 @pytest.mark.parametrize("world", [3, 4])
@@ -109,7 +118,9 @@ def test_collectives_over_shared_memory_and_tcp(world):
     with RankPool(world, env=MIXED) as pool:
         info = pool.run(_info, timeout=30)
         results = pool.run(_body, timeout=300)
-    assert info == [{"transport": "mixed", "node": r // 2, "local": r % 2} for r in range(world)]
+    # Both transports of a composite take the shared-memory shape: the harness's 64 KiB x 8 slots.
+    shape = {"fragment": 64 << 10, "segment": 256 << 10}
+    assert info == [{"transport": "mixed", "node": r // 2, "local": r % 2, **shape} for r in range(world)]
     assert [f for f, _ in results] == [[]] * world
     assert len({d for _, d in results}) == 1, "ranks ended with different bits"
 
