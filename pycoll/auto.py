@@ -4,6 +4,7 @@
 |----------------------------------------------------------|------------------------------|--------------|
 | how do the ranks reach each other (PYCOLL_TRANSPORT)?    | ``transport``                | Communicator |
 | how long does a waiting rank spin / yield (``auto``)?    | ``wait_policy``              | Communicator |
+| how large are the transport's ring slots, how many?      | ``ring_shape``               | Communicator |
 | are the ranks on equal hosts, numbered host by host?     | ``ranks_per_host``,          | Communicator |
 |                                                          | ``spans_equal_hosts``        |              |
 | which cost model do ``auto`` choices use?                | ``uses_calibration``,        | Communicator |
@@ -29,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 from pycoll.algorithms import ALGORITHMS
 from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.compression import CODEC_DTYPES, Codec, get_codec
-from pycoll.env import DEFAULT_SPIN_US, DEFAULT_YIELD_US, Settings
+from pycoll.env import (
+    DEFAULT_SPIN_US,
+    DEFAULT_YIELD_US,
+    MIN_SLOT_BYTES,
+    TCP_FRAGMENT_BYTES,
+    TCP_RING_BYTES_PER_RANK,
+    Settings,
+)
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning.model import Model
 
@@ -44,6 +52,7 @@ __all__ = [
     "compression",
     "default_model",
     "ranks_per_host",
+    "ring_shape",
     "spans_equal_hosts",
     "transport",
     "uses_calibration",
@@ -86,6 +95,26 @@ def wait_policy(settings: Settings, local_world_size: int, transport: str, cpus:
     if transport == "tcp":
         spin = 0
     return spin, yield_us
+
+
+def ring_shape(settings: Settings, transport: str, world: int) -> tuple[int, int]:
+    """(slot bytes, slots) of every ring of a communicator over ``transport`` ("shm", "tcp" or "mixed");
+    a slot holds one fragment, the unit the plans cut messages into. TCP alone has rings of its own
+    (PYCOLL_TCP_FRAGMENT_BYTES, PYCOLL_TCP_SLOTS): 512 KiB x 4 took 1.23-1.46x Gloo's busbw at 64 MiB
+    between 2 hosts (unshaped veth, 2 vCPUs) where shared memory's 128 KiB x 8 took 0.76-1.03x: a fragment
+    costs the same thread hand-overs and wake-ups whatever its size, and over TCP those, not copies, bound
+    the rate (docs/performance.md). Each peer holds 2 rings (send, receive), so above 16 ranks fragments
+    shrink to keep a rank's rings near 64 MiB. With peers on this host too ("mixed") both transports take
+    the shared-memory shape (Settings.slot_bytes_for): plans cut messages one way for every link."""
+    if transport != "tcp":
+        return settings.slot_bytes_for(world), settings.shm_slots
+    if settings.tcp_fragment_bytes is not None:
+        return settings.tcp_fragment_bytes, settings.tcp_slots
+    fit = TCP_RING_BYTES_PER_RANK // (2 * settings.tcp_slots * max(1, world - 1))
+    size = TCP_FRAGMENT_BYTES
+    while size > fit and size > MIN_SLOT_BYTES:
+        size //= 2
+    return size, settings.tcp_slots
 
 
 def ranks_per_host(hosts: Sequence[str]) -> int | None:

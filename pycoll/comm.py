@@ -240,7 +240,7 @@ class Communicator:
     def _form_native(self, settings: Settings, timeout: float) -> None:
         rank, world_size = self.rank, self.world_size
         spin, yield_us = auto.wait_policy(settings, self.local_world_size, self.transport, usable_cpus())
-        slot_bytes, slots = settings.ring_shape(self.transport, world_size)
+        slot_bytes, slots = auto.ring_shape(settings, self.transport, world_size)
         local = [h == self.hosts[rank] for h in self.hosts] if self.transport == "mixed" else []
         bind, advertised = self.addresses if self.transport in ("tcp", "mixed") else ("", "")
         self._native = _C.NativeCommunicator(

@@ -73,7 +73,7 @@ MAX_SLOT_BYTES = 128 * 1024
 MIN_SLOT_BYTES = 16 * 1024
 RING_BYTES_PER_RANK = 8 << 20
 DEFAULT_SLOTS = 8
-# TCP's rings (Settings.ring_shape): larger fragments than shared memory's, fewer of them in flight.
+# TCP's rings (pycoll.auto.ring_shape): larger fragments than shared memory's, fewer of them in flight.
 TCP_FRAGMENT_BYTES = 512 * 1024
 TCP_RING_BYTES_PER_RANK = 64 << 20
 DEFAULT_TCP_SLOTS = 4
@@ -98,7 +98,7 @@ class Settings:
     debug: str | None = None
     shm_slot_bytes: int | None = None  # None: slot_bytes_for(world size)
     shm_slots: int = DEFAULT_SLOTS
-    tcp_fragment_bytes: int | None = None  # None: ring_shape decides
+    tcp_fragment_bytes: int | None = None  # None: pycoll.auto.ring_shape decides
     tcp_slots: int = DEFAULT_TCP_SLOTS
     spin_us: int | None = None  # None: decide from the number of CPUs and local ranks
     stream_bytes: int = STREAM_OFF
@@ -135,25 +135,6 @@ class Settings:
         while size > fit and size > MIN_SLOT_BYTES:
             size //= 2
         return size
-
-    def ring_shape(self, transport: str, world: int) -> tuple[int, int]:
-        """(slot bytes, slots) of every ring of a communicator over ``transport`` ("shm", "tcp" or
-        "mixed"); a slot holds one fragment, the unit the plans cut messages into. TCP alone has rings of
-        its own: 512 KiB x 4 took 1.23-1.46x Gloo's busbw at 64 MiB between 2 hosts (unshaped veth, 2
-        vCPUs) where shared memory's 128 KiB x 8 took 0.76-1.03x: a fragment costs the same thread
-        hand-overs and wake-ups whatever its size, and over TCP those, not copies, bound the rate
-        (docs/performance.md). Each peer holds 2 rings (send, receive), so above 16 ranks fragments shrink
-        to keep a rank's rings near 64 MiB. With peers on this host too ("mixed") both transports take the
-        shared-memory shape: plans cut messages one way for every link."""
-        if transport != "tcp":
-            return self.slot_bytes_for(world), self.shm_slots
-        if self.tcp_fragment_bytes is not None:
-            return self.tcp_fragment_bytes, self.tcp_slots
-        fit = TCP_RING_BYTES_PER_RANK // (2 * self.tcp_slots * max(1, world - 1))
-        size = TCP_FRAGMENT_BYTES
-        while size > fit and size > MIN_SLOT_BYTES:
-            size //= 2
-        return size, self.tcp_slots
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:

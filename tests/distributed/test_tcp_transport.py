@@ -96,7 +96,7 @@ def test_collectives_over_tcp(world):
     with RankPool(world, env=TCP) as pool:
         info = pool.run(_info, timeout=30)
         results = pool.run(_body, timeout=300)
-    # TCP alone has rings of its own shape (Settings.ring_shape): 512 KiB fragments, 4 slots, half a ring
+    # TCP alone has rings of its own shape (pycoll.auto.ring_shape): 512 KiB fragments, 4 slots, half a ring
     # per message segment; the harness's PYCOLL_SHM_SLOT_BYTES does not apply to them.
     assert {(i["transport"], i["fragment"], i["segment"]) for i in info} == {("tcp", 512 << 10, 1 << 20)}
     assert [f for f, _ in results] == [[]] * world

@@ -52,14 +52,14 @@ def test_wait_policy_auto(local_world: int, transport: str, cpus: int, expected:
     ],
 )
 def test_ring_shape_auto(transport: str, world: int, expected: tuple[int, int]) -> None:
-    assert Settings().ring_shape(transport, world) == expected
+    assert auto.ring_shape(Settings(), transport, world) == expected
 
 
 def test_ring_shape_keeps_what_is_set() -> None:
     env = {"PYCOLL_TCP_FRAGMENT_BYTES": "65536", "PYCOLL_TCP_SLOTS": "16", "PYCOLL_SHM_SLOTS": "32"}
     settings = Settings.from_environ(env)
-    assert settings.ring_shape("tcp", 64) == (65536, 16)
-    assert settings.ring_shape("shm", 2) == (128 * 1024, 32)
+    assert auto.ring_shape(settings, "tcp", 64) == (65536, 16)
+    assert auto.ring_shape(settings, "shm", 2) == (128 * 1024, 32)
     with pytest.raises(InvalidUsageError, match="PYCOLL_TCP_FRAGMENT_BYTES must be a multiple of 64"):
         Settings.from_environ({"PYCOLL_TCP_FRAGMENT_BYTES": "5000"})
     with pytest.raises(InvalidUsageError, match="PYCOLL_TCP_SLOTS must be >= 2"):
