@@ -4,7 +4,8 @@ The worker connects back to the test process over a ``multiprocessing.connection
 authenticated, pickling channel), forms the communicator when told to, then runs test bodies
 ``fn(comm, rank, world, *args, **kwargs)`` one after another, answering each with its result or with the
 exception and its full traceback. ``faulthandler`` dumps every thread's Python stack to the per-worker
-stack file on SIGUSR1 (the pool does that before it kills a worker that missed its deadline) and to
+stack file on SIGUSR1 (the pool does that before it kills a worker that missed its deadline; from a
+Python-level handler, and on SIGUSR2 from faulthandler's own, for a rank stuck in native code) and to
 stderr (the per-worker log file) on a fatal signal.
 
 Protocol (tuples, parent <-> worker)::
@@ -87,7 +88,14 @@ def main() -> int:
     stack_file = sys.argv[5]
     _die_with_parent(parent_pid)
     stacks = open(stack_file, "w")  # noqa: SIM115 - kept open for the life of the process
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    # SIGUSR1: every thread's Python stack, written by a Python-level handler. It runs in the main thread
+    # holding the GIL, so no other thread's frames change while they are read; faulthandler's C-level
+    # handler reads them while those threads run, and on Python 3.11 that can crash the process instead
+    # (CPython issue #116008; seen once in this suite, a rank sleeping in a test body). A rank stuck in native
+    # code that never checks for signals cannot run it: SIGUSR2 is the C-level dump for that case, which
+    # the pool sends when SIGUSR1 brought nothing.
+    signal.signal(signal.SIGUSR1, lambda *_: faulthandler.dump_traceback(file=stacks, all_threads=True))
+    faulthandler.register(signal.SIGUSR2, file=stacks, all_threads=True, chain=False)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     authkey = bytes.fromhex(os.environ.pop("PYCOLL_TEST_AUTHKEY"))
     conn = Client(("127.0.0.1", ctl_port), authkey=authkey)

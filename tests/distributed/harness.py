@@ -16,9 +16,10 @@
 * An exception in any rank fails the run with every failing rank's full traceback (``RankError``).
   After the first failure the other ranks get ``ERROR_GRACE_S`` to answer (they are often blocked in a
   collective that the failed rank never joined), then they are treated as past their deadline.
-* Past the deadline every worker's Python stacks are dumped (faulthandler on SIGUSR1, to a per-worker
-  file), every worker is killed, and ``RankTimeout`` names the ranks that did not answer and shows the
-  stacks. Nothing waits without a deadline, so a run never hangs.
+* Past the deadline every worker's Python stacks are dumped (SIGUSR1, then faulthandler's own on
+  SIGUSR2 for a worker that did not answer it; to a per-worker file), every worker is killed, and
+  ``RankTimeout`` names the ranks that did not answer and shows the stacks. Nothing waits without a
+  deadline, so a run never hangs.
 * A pool whose communicator broke (a failure test), or whose run failed, is closed; ``PoolCache`` (the
   ``rank_pool`` fixture) makes a fresh one on the next request.
 """
@@ -342,19 +343,25 @@ class RankPool:
                            f"last output of rank {r}:\n{_tail(self._dir / f'rank{r}.log')}")
 
     def dump_stacks(self, wait_s: float = 1.5) -> dict[int, str]:
-        """Every live worker's Python stacks (all threads), via faulthandler on SIGUSR1."""
+        """Every live worker's Python stacks (all threads): SIGUSR1 asks for them (a Python-level handler,
+        which a rank stuck in native code without checking for signals never runs); a worker that wrote
+        nothing in half of ``wait_s`` gets SIGUSR2, faulthandler's own dump (_rank_worker.py)."""
         sizes = {}
         for r, p in enumerate(self._procs):
             if p.poll() is None:
                 path = self._stack_file(r)
                 sizes[r] = path.stat().st_size if path.exists() else 0
-                try:
-                    os.kill(p.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+                self._signal(r, signal.SIGUSR1)
         out: dict[int, str] = {}
         end = time.monotonic() + wait_s
+        second = time.monotonic() + wait_s / 2
         while time.monotonic() < end and len(out) < len(sizes):
+            if second is not None and time.monotonic() >= second:
+                second = None
+                for r, start in sizes.items():
+                    path = self._stack_file(r)
+                    if r not in out and (not path.exists() or path.stat().st_size == start):
+                        self._signal(r, signal.SIGUSR2)
             for r, start in sizes.items():
                 if r in out:
                     continue
@@ -370,6 +377,12 @@ class RankPool:
         for r in sizes:
             out.setdefault(r, "(no stack dump arrived)")
         return out
+
+    def _signal(self, r: int, sig: signal.Signals) -> None:
+        try:
+            os.kill(self._procs[r].pid, sig)
+        except ProcessLookupError:
+            pass
 
     def _fail_deadline(self, what: str, missing: list[int], failures: dict[int, RankFailure],
                        note: str) -> None:

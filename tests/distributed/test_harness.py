@@ -31,6 +31,14 @@ def body_hang_on_rank(comm, rank, world, bad):
     return rank
 
 
+def body_deaf_hang_on_rank(comm, rank, world, bad):
+    """Hangs where the Python-level SIGUSR1 handler cannot run (as a rank stuck in native code would)."""
+    if rank == bad:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+        _sleeping_forever_here(600)
+    return rank
+
+
 def body_exit_on_rank(comm, rank, world, bad):
     if rank == bad:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -80,6 +88,15 @@ def test_deadline_dumps_stacks_kills_and_names_missing_rank():
     for pid in pool.pids:
         with pytest.raises(ProcessLookupError):  # killed and reaped
             os.kill(pid, 0)
+
+
+def test_a_rank_deaf_to_the_first_signal_still_shows_its_stack():
+    pool = RankPool(2)
+    with pytest.raises(RankTimeout) as info:
+        pool.run(body_deaf_hang_on_rank, 1, timeout=3)
+    text = str(info.value)
+    assert "_sleeping_forever_here" in text and "body_deaf_hang_on_rank" in text, text  # from SIGUSR2
+    assert pool.closed
 
 
 def test_dead_rank_fails_the_run_or_is_reported_when_allowed():
