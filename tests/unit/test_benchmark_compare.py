@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import _bench_scripts
 import pytest
 
 from pycoll.bench.jobs import Job
 from pycoll.bootstrap.spawn import module_command
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def compare() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_bench_compare", REPO / "bench" / "compare.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_compare"] = module
-    spec.loader.exec_module(module)
-    return module
+    return _bench_scripts.load("compare.py", "_bench_compare")
 
 
 def _records(times_us: dict[int, float], world: int) -> list[dict[str, Any]]:

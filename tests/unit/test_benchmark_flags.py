@@ -5,7 +5,6 @@ up-front errors, and the replay clock of the pytest-benchmark suite. No rank pro
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import os
@@ -15,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import _bench_scripts
 import numpy as np
 import pytest
 
@@ -431,12 +431,7 @@ def test_modules_import_lightly() -> None:
 
 @pytest.fixture(scope="module")
 def suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_suite", REPO / "bench" / "_suite.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_suite"] = module
-    spec.loader.exec_module(module)
-    return module
+    return _bench_scripts.load("_suite.py", "_suite")
 
 
 def test_replay_clock_rounds(suite: ModuleType) -> None:

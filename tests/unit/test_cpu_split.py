@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import _bench_scripts
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
 
 REPORT = """\
 # Samples: 47K of event 'cpu-clock:ppp'
@@ -28,12 +23,7 @@ REPORT = """\
 
 
 def test_buckets_add_up_to_all_samples() -> None:
-    spec = importlib.util.spec_from_file_location("_bench_cpu_split", REPO / "bench" / "cpu_split.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_cpu_split"] = module
-    spec.loader.exec_module(module)
-    split = module.shares(REPORT)
+    split = _bench_scripts.load("cpu_split.py", "_bench_cpu_split").shares(REPORT)
     assert split["idle (every thread asleep)"] == pytest.approx(30.90)
     assert split["send / sendmsg (TCP stack)"] == pytest.approx(36.47)  # the kernel's, not libc's __send
     assert split["recv / recvmsg (TCP stack)"] == pytest.approx(12.98)
