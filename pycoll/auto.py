@@ -33,10 +33,10 @@ from pycoll.compression import CODEC_DTYPES, Codec, get_codec
 from pycoll.env import (
     DEFAULT_SPIN_US,
     DEFAULT_YIELD_US,
-    MIN_SLOT_BYTES,
     TCP_FRAGMENT_BYTES,
     TCP_RING_BYTES_PER_RANK,
     Settings,
+    fitted_slot_bytes,
 )
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning.model import Model
@@ -110,11 +110,9 @@ def ring_shape(settings: Settings, transport: str, world: int) -> tuple[int, int
         return settings.slot_bytes_for(world), settings.shm_slots
     if settings.tcp_fragment_bytes is not None:
         return settings.tcp_fragment_bytes, settings.tcp_slots
-    fit = TCP_RING_BYTES_PER_RANK // (2 * settings.tcp_slots * max(1, world - 1))
-    size = TCP_FRAGMENT_BYTES
-    while size > fit and size > MIN_SLOT_BYTES:
-        size //= 2
-    return size, settings.tcp_slots
+    slots = settings.tcp_slots
+    # 2 * slots: a send and a receive ring per peer
+    return fitted_slot_bytes(TCP_FRAGMENT_BYTES, TCP_RING_BYTES_PER_RANK, 2 * slots, world), slots
 
 
 def ranks_per_host(hosts: Sequence[str]) -> int | None:

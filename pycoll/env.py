@@ -92,6 +92,16 @@ GPU_TRANSPORTS = ("nccl", "shm")
 TRANSPORTS = ("auto", "shm", "tcp")
 
 
+def fitted_slot_bytes(largest: int, ring_bytes: int, slots_per_peer: int, world: int) -> int:
+    """The slot size of a rank's rings: ``largest``, halved while ``slots_per_peer`` slots for each of its
+    ``world - 1`` peers would take more than ``ring_bytes``, but never below MIN_SLOT_BYTES."""
+    fit = ring_bytes // (slots_per_peer * max(1, world - 1))
+    size = largest
+    while size > fit and size > MIN_SLOT_BYTES:
+        size //= 2
+    return size
+
+
 @dataclass(frozen=True)
 class Settings:
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -130,11 +140,7 @@ class Settings:
         peer, so above 8 local ranks slots shrink to keep each rank's rings near 8 MiB."""
         if self.shm_slot_bytes is not None:
             return self.shm_slot_bytes
-        fit = RING_BYTES_PER_RANK // (self.shm_slots * max(1, world - 1))
-        size = MAX_SLOT_BYTES
-        while size > fit and size > MIN_SLOT_BYTES:
-            size //= 2
-        return size
+        return fitted_slot_bytes(MAX_SLOT_BYTES, RING_BYTES_PER_RANK, self.shm_slots, world)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -157,6 +163,7 @@ class Settings:
             debug = "WARN"
         if debug is not None and debug not in DEBUG_LEVELS:
             raise InvalidUsageError(f"PYCOLL_DEBUG must be one of {', '.join(DEBUG_LEVELS)}, got {debug!r}")
+
         def slot_size(name: str) -> int | None:
             raw = env.get(name, "auto").strip().lower()
             size = None if raw in ("", "auto") else int(number(name, 0, int, 4096))
