@@ -92,6 +92,7 @@ class Communicator {
   // Where this rank's time in its CPU collectives went (engine/waiter.h), summed since it was made.
   const WaitStats& wait_stats() const { return executor_->stats(); }
   SkewRecorder& skew() { return *skew_; }
+  Executor& executor() { return *executor_; }
 
  private:
   // The fragment executor, or with a program the grouped executor (over this transport and the CPU loops:

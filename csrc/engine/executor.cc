@@ -86,6 +86,10 @@ class Executor::PlanRunner {
   bool ready(size_t i, size_t first);
   // Moves op i as far as it can go now; true if it moved.
   bool pump(size_t i);
+  bool ready_but_for(size_t i, const Chain& c, size_t first) const;
+  bool chain_ready(const Chain& c, size_t first);
+  bool pump_chain(const Chain& c);
+  void reduce_chain(const Chain& c, uint64_t pos, uint64_t n, uint8_t* room);
   void blocked_on(int peer, bool room, uint64_t fragments) {
     if (ctx_.waiting_on_peer < 0) ctx_.waiting_on_peer = peer;  // the earliest blocked op names the peer
     waits_.push_back({peer, room, static_cast<uint32_t>(fragments)});
@@ -112,6 +116,7 @@ class Executor::PlanRunner {
   const size_t coded_frag_bytes_;
   const uint32_t rounding_key_;
   const bool stream_outputs_;
+  const bool fused_;  // chains run as one pass (engine/plan_fusion.h)
   // Per op: bytes on the wire, bytes done (sent for SEND, received for the others), whether done, and
   // whether everything it waits for is done.
   std::vector<uint64_t>& msg_bytes_;
@@ -141,6 +146,7 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
       coded_frag_bytes_(codec_ ? t_.fragment_bytes() / block_bytes_ * block_bytes_ : 0),
       rounding_key_(codec_ ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0),
       stream_outputs_(!codec_ && plan.output_bytes >= x.policy_.stream_min_bytes),
+      fused_(!codec_ && x.policy_.fuse),
       msg_bytes_(x.msg_bytes_),
       pos_(x.pos_),
       done_(x.done_),
@@ -159,6 +165,7 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
     x.scratch_.resize(coded_frag_bytes_ / block_bytes_ * codec_->block_elems() + codec_->block_elems());
   }
   pos_.assign(n_ops, 0);
+  x.chain_frags_.resize(static_cast<size_t>(world_));
   done_.assign(n_ops, 0);
   ready_.assign(n_ops, 0);
 }
@@ -173,8 +180,17 @@ void Executor::PlanRunner::run() {
     waits_.clear();
     ctx_.waiting_on_peer = -1;
     bool progressed = false;
-    for (size_t i = first; i < window_end; ++i)
-      if (!done_[i] && ready(i, first)) progressed |= pump(i);
+    for (size_t i = first; i < window_end; ++i) {
+      if (done_[i]) continue;
+      const int32_t chain = plan_.ops[i].chain;
+      if (chain < 0) {
+        if (ready(i, first)) progressed |= pump(i);
+      } else if (plan_.chains[chain].first == i && fused_ && chain_ready(plan_.chains[chain], first)) {
+        progressed |= pump_chain(plan_.chains[chain]);
+      } else if (!fused_ && ready(i, first)) {
+        progressed |= pump(i);
+      }
+    }
     while (first < n && done_[first]) ++first;
     if (first == n) break;
     waiter_.after_pass(progressed, waits_.data(), waits_.size(), ctx_);
@@ -193,6 +209,115 @@ bool Executor::PlanRunner::ready(size_t i, size_t first) {
     if (!done_[plan_.deps[d]]) return false;
   ready_[i] = 1;
   return true;
+}
+
+// Whether every op a member of the chain waits for, other than the chain's own members, is done.
+bool Executor::PlanRunner::ready_but_for(size_t i, const Chain& c, size_t first) const {
+  const PlanOp& op = plan_.ops[i];
+  if (first < op.after_all_before) return false;
+  for (uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
+    const auto dep = static_cast<uint32_t>(plan_.deps[d]);
+    if (!done_[dep] && (dep < c.first || dep >= c.first + c.count)) return false;
+  }
+  return true;
+}
+
+bool Executor::PlanRunner::chain_ready(const Chain& c, size_t first) {
+  if (ready_[c.first]) return true;
+  for (uint32_t k = c.first; k < c.first + c.count; ++k)
+    if (!ready_but_for(k, c, first)) return false;
+  ready_[c.first] = 1;
+  return true;
+}
+
+// A chain (engine/plan_fusion.h): fragment by fragment, as soon as one has arrived from every member's
+// peer (and the last member, if it sends, has room), one pass reduces them all and writes the results
+// where the members would, and into the slot of every publisher that is ready but for the chain, has
+// room and has sent exactly as much.
+bool Executor::PlanRunner::pump_chain(const Chain& c) {
+  const PlanOp& last = plan_.ops[c.first + c.count - 1];
+  const uint64_t total = last.bytes;
+  uint64_t& pos = pos_[c.first];
+  bool progressed = false;
+  while (pos < total) {
+    uint64_t n = 0;
+    for (uint32_t m = 0; m < c.count; ++m) {
+      const PlanOp& op = plan_.ops[c.first + m];
+      FragHeader h;
+      x_.chain_frags_[m] = static_cast<const uint8_t*>(t_.peek_recv(op.recv_peer, &h));
+      if (!x_.chain_frags_[m]) {
+        blocked_on(op.recv_peer, false, fragments_left(total - pos, t_.fragment_bytes()));
+        return progressed;
+      }
+      check_header(t_, op.recv_peer, h, seq_, hash_, a_.desc, total, pos, h.bytes % isz_ == 0);
+      if (m > 0 && h.bytes != n)
+        throw Error(ErrorKind::kInternal, "fragments of one chain differ in size (" + std::to_string(n) + " and " +
+                                              std::to_string(h.bytes) + " bytes)");
+      n = h.bytes;
+    }
+    void* room = nullptr;
+    if (op_sends(last.kind) && !(room = t_.acquire_send(last.send_peer))) {
+      blocked_on(last.send_peer, true, 1);
+      return progressed;
+    }
+    x_.publish_ops_.clear();
+    x_.publish_rooms_.clear();
+    for (uint32_t p = c.publish_begin; p < c.publish_end; ++p) {
+      const uint32_t j = plan_.publishers[p];
+      if (done_[j] || pos_[j] != pos || !ready_but_for(j, c, c.first)) continue;
+      if (void* r = t_.acquire_send(plan_.ops[j].send_peer)) {
+        x_.publish_ops_.push_back(j);
+        x_.publish_rooms_.push_back(static_cast<uint8_t*>(r));
+      }
+    }
+    reduce_chain(c, pos, n, static_cast<uint8_t*>(room));
+    const FragHeader h{seq_, hash_, total, pos, static_cast<uint32_t>(n), 0};
+    if (room) t_.commit_send(last.send_peer, h);
+    for (uint32_t j : x_.publish_ops_) {
+      t_.commit_send(plan_.ops[j].send_peer, h);
+      pos_[j] += n;
+      done_[j] = pos_[j] == total;
+    }
+    for (uint32_t m = 0; m < c.count; ++m) t_.release_recv(plan_.ops[c.first + m].recv_peer);
+    pos += n;
+    progressed = true;
+  }
+  for (uint32_t k = c.first; k < c.first + c.count; ++k) done_[k] = 1;
+  return progressed;
+}
+
+// One fragment of a chain, `n` bytes at `pos` of every member's message, block by block through a buffer
+// that stays in L1: the partial of the members in their order, each step rounded as its op would; then
+// the last member's result where it goes (D, its send `room`, the publishers' rooms).
+void Executor::PlanRunner::reduce_chain(const Chain& c, uint64_t pos, uint64_t n, uint8_t* room) {
+  constexpr uint64_t kBlockBytes = 8192;  // a multiple of every element size
+  alignas(64) uint8_t block[kBlockBytes];
+  const PlanOp& head = plan_.ops[c.first];
+  const PlanOp& last = plan_.ops[c.first + c.count - 1];
+  const uint8_t* src = buffer(head.src_buf) + head.src_off + pos;
+  uint8_t* dst = buffer(head.dst_buf) + head.dst_off + pos;
+  const int divisor = finalize_divisor(a_.op, last.finalize, world_);
+  const bool last_writes = op_receives_into_dst(last.kind);
+  const bool stream = stream_outputs_ && last.finalize && last_writes;
+  for (uint64_t o = 0; o < n; o += kBlockBytes) {
+    const uint64_t len = std::min(kBlockBytes, n - o);
+    const size_t count = len / isz_;
+    const uint8_t* partial = src + o;
+    for (uint32_t m = 0; m + 1 < c.count; ++m) {
+      reduce_(block, nullptr, partial, x_.chain_frags_[m] + o, count, 0, false);
+      partial = block;
+    }
+    const uint8_t* frag = x_.chain_frags_[c.count - 1] + o;
+    if (!last_writes) {  // RECV_REDUCE_SEND: D keeps the partial of the members before it
+      std::memcpy(dst + o, block, len);
+      reduce_(room + o, nullptr, block, frag, count, divisor, false);
+      continue;
+    }
+    reduce_(block, nullptr, block, frag, count, divisor, false);
+    copy(dst + o, block, len, stream);
+    if (room) std::memcpy(room + o, block, len);
+    for (uint8_t* r : x_.publish_rooms_) std::memcpy(r + o, block, len);
+  }
 }
 
 bool Executor::PlanRunner::pump(size_t i) {

@@ -21,6 +21,9 @@ struct ExecutorPolicy : WaitPolicy {
   // Collectives whose output is at least this large write final values with non-temporal stores: the
   // output would not stay in cache anyway, and skipping read-for-ownership saves a third of the traffic.
   uint64_t stream_min_bytes = 8ull << 20;
+  // Run a plan's chains of receive-reduces in one pass each (engine/plan_fusion.h); off: op after op, for
+  // comparing the two.
+  bool fuse = true;
 };
 
 struct RunArgs {
@@ -49,6 +52,9 @@ class Executor {
   uint64_t seq() const { return seq_; }
   // Where this rank's time in the collectives run here went (WaitStats, engine/waiter.h).
   const WaitStats& stats() const { return stats_; }
+  // Whether chains run in one pass (ExecutorPolicy::fuse); switched off only to compare the two.
+  bool fuse() const { return policy_.fuse; }
+  void set_fuse(bool on) { policy_.fuse = on; }
   // The number of a collective run by other means on the same transport (GroupedExecutor), so that the
   // numbers stay one sequence.
   uint64_t claim_seq() { return ++seq_; }
@@ -68,9 +74,12 @@ class Executor {
   std::vector<uint8_t> done_;
   std::vector<uint8_t> ready_;
   std::vector<WaitItem> waits_;
-  std::vector<uint64_t> msg_bytes_;  // per op: bytes on the wire
-  std::vector<uint8_t> encoded_;     // the kEncoded buffer of a compressed plan
-  std::vector<float> scratch_;       // one fragment of partial sums (RECV_REDUCE_SEND with a codec)
+  std::vector<uint64_t> msg_bytes_;          // per op: bytes on the wire
+  std::vector<uint8_t> encoded_;             // the kEncoded buffer of a compressed plan
+  std::vector<float> scratch_;               // one fragment of partial sums (RECV_REDUCE_SEND with a codec)
+  std::vector<const uint8_t*> chain_frags_;  // a chain's received fragments, member by member
+  std::vector<uint32_t> publish_ops_;        // the publishers a chain's fragment goes to, and their rooms
+  std::vector<uint8_t*> publish_rooms_;
 };
 
 }  // namespace pycoll

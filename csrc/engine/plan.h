@@ -56,12 +56,25 @@ struct PlanOp {
   uint32_t deps_end;
   // And every op before this index (a fence: the first op of its step; 0 for other ops).
   uint32_t after_all_before;
+  // The chain this op is a member of (NativePlan::chains; engine/plan_fusion.h), or -1.
+  int32_t chain = -1;
+};
+
+// Ops the executor does in one pass (engine/plan_fusion.h): the members [first, first + count) and the
+// SENDs it publishes to, NativePlan::publishers[publish_begin, publish_end).
+struct Chain {
+  uint32_t first;
+  uint32_t count;
+  uint32_t publish_begin;
+  uint32_t publish_end;
 };
 
 struct NativePlan {
   std::vector<PlanOp> ops;
   std::vector<uint32_t> step_begin;  // ops of step s are [step_begin[s], step_begin[s+1])
   std::vector<int32_t> deps;         // every op's dependencies, op after op
+  std::vector<Chain> chains;
+  std::vector<uint32_t> publishers;  // every chain's publishers, chain after chain
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
   // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), and whether the

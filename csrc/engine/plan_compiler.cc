@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/plan_dependencies.h"
+#include "engine/plan_fusion.h"
 #include "pycoll/errors.h"
 
 namespace pycoll {
@@ -84,6 +85,7 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     plan->step_begin.push_back(static_cast<uint32_t>(st(s)));
   }
   link_dependencies(*plan, coded);
+  find_chains(*plan);
   return plan;
 }
 

@@ -312,6 +312,19 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&bind_compile_plan), py::arg("table"), py::arg("starts"), py::arg("itemsize"),
            py::arg("input_count"), py::arg("output_count"), py::arg("rank"), py::arg("world"), py::arg("coded") = false)
       .def_property_readonly("num_ops", [](const NativePlan& p) { return p.ops.size(); })
+      .def_property_readonly("chains",
+                             [](const NativePlan& p) {
+                               // Per chain: (its member ops, its publishers), for the tests.
+                               py::list out;
+                               for (const Chain& c : p.chains) {
+                                 py::list members, publishers;
+                                 for (uint32_t k = c.first; k < c.first + c.count; ++k) members.append(k);
+                                 for (uint32_t k = c.publish_begin; k < c.publish_end; ++k)
+                                   publishers.append(p.publishers[k]);
+                                 out.append(py::make_tuple(members, publishers));
+                               }
+                               return out;
+                             })
       .def_property_readonly("num_steps",
                              [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; })
       .def_property_readonly("dependencies", [](const NativePlan& p) {
@@ -382,6 +395,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("local") = std::vector<bool>{}, py::arg("skew") = true, py::arg("skew_window") = 1024,
            py::arg("clock_offset_ns") = 0)
       .def_property_readonly("segment_fd", [](Communicator& c) { return c.shm().segment_fd(); })
+      .def_property(
+          "fuse", [](Communicator& c) { return c.executor().fuse(); },
+          [](Communicator& c, bool on) { c.executor().set_fuse(on); },
+          "whether chains of receive-reduces run in one pass (csrc/engine/plan_fusion.h); off only to compare")
       .def_property_readonly("tcp_port", [](Communicator& c) { return c.tcp().listen_port(); })
       .def_property_readonly("tcp_rejected", [](Communicator& c) { return c.tcp().rejected_connections(); })
       .def(

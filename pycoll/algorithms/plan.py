@@ -39,7 +39,11 @@ Execution order
     soon as the earlier ops it depends on are done (those whose regions overlap its own where one of
     them writes, and the previous op sending to, or receiving from, the same peer), and an empty
     message (count 0: a barrier round, an acknowledgement) waits for every op of the earlier steps. So a
-    plan relies on step order only through the data its ops touch and through empty messages.
+    plan relies on step order only through the data its ops touch and through empty messages. It also
+    does a *chain* of receive-reduces into one region (a direct all-reduce's owner reducing its peers'
+    segments, a tree node both children's) in one pass over memory, and writes the region it finalizes
+    straight into the SENDs of it that follow (csrc/engine/plan_fusion.h), combining every element in
+    plan order and rounding it as each op would.
 
 Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a codec)
     Offsets and counts are still elements, all on codec block boundaries. Every message carries the
