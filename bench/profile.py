@@ -4,12 +4,16 @@
     python bench/profile.py --ranks 2 --sizes 4K,64K --algorithms direct,ring
     python bench/profile.py --transport tcp --syscalls        # TCP loopback; strace counts rank 0's calls
     python bench/profile.py --json profile.jsonl
+    python bench/profile.py --sizes 64M --algorithms direct,direct/unfused --rounds 5   # A/B, interleaved
     pycoll run -n 4 bench/profile.py                          # the same, launched by hand
 
 Every rank (``--ranks``, started with ``pycoll run``; ``--transport`` sets PYCOLL_TRANSPORT) runs, size by
 size (``--sizes``, float32 sum, in place) and algorithm by algorithm (``--algorithms``), a few untimed
 all-reduces, a barrier, and ``--iters`` timed ``pycoll.allreduce`` calls (default: about ``--burst-ms``
-of them). Around the timed calls it reads:
+of them); ``--rounds`` repeats the algorithms in turn, size by size, so that what is compared runs
+interleaved. An algorithm written ``NAME/unfused`` runs NAME with the executor's chains switched off
+(``NativeCommunicator.fuse``, csrc/engine/plan_fusion.h): each receive-reduce on its own. Around the timed
+calls it reads:
 
 - the wall time per call (``call``),
 - the native executor's own account (``NativeCommunicator.wait_stats``, engine/waiter.h): the time inside
@@ -24,10 +28,10 @@ of them). Around the timed calls it reads:
   table gives its system calls per all-reduce, the most frequent first. strace slows every call down:
   its counts are right, its times are not (the other columns come from the run without it).
 
-The table has one line per size and algorithm: ``call`` is the slowest rank's, the other columns the
-mean over ranks. Read it as: api large -> the call path; wait large with work small -> the ranks wait for
-each other (scheduling, wake-ups, a slow link); work close to native -> copies and reductions, compare
-with the memory bandwidth (bench/compare.py prints it) or the link's rate.
+The table has one line per size and algorithm: ``call`` is the slowest rank's (the median over rounds),
+the other columns the mean over ranks and rounds. Read it as: api large -> the call path; wait large with
+work small -> the ranks wait for each other (scheduling, wake-ups, a slow link); work close to native ->
+copies and reductions, compare with the memory bandwidth (bench/compare.py prints it) or the link's rate.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--transport", choices=("auto", "shm", "tcp"), default="auto", help="PYCOLL_TRANSPORT")
     p.add_argument("--iters", type=int, default=None, help="timed calls per size (about --burst-ms of them)")
     p.add_argument("--burst-ms", type=float, default=300.0, help="time of the timed calls per size (300)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the algorithms in turn, per size (1)")
     p.add_argument("--syscalls", action="store_true", help="count rank 0's system calls with strace")
     p.add_argument("--json", default=None, metavar="FILE", help="also write one JSON line per row")
     p.add_argument("--deadline", type=float, default=600.0, help="seconds the whole job may take (600)")
@@ -144,24 +149,28 @@ def _worker(args: argparse.Namespace) -> int:
 
     comm = pycoll.init(timeout=120)
     rows = []
-    for nbytes in args.size_list:
-        x = np.ones(nbytes // 4, dtype=np.float32)
-        for algorithm in args.algorithm_list:
+    x = np.ones(0, dtype=np.float32)
+    for nbytes, round_, variant in ((b, r, v) for b in args.size_list for r in range(args.rounds)
+                                    for v in args.algorithm_list):
+        if x.nbytes != nbytes // 4 * 4:
+            x = np.ones(nbytes // 4, dtype=np.float32)
+        algorithm, _, unfused = variant.partition("/")
+        comm.native().fuse = unfused != "unfused"
+        for _ in range(3):
+            pycoll.allreduce(x, algorithm=algorithm, comm=comm)
+        iters = args.iters
+        if iters is None:  # about burst_ms of calls, the same number on every rank (rank 0's estimate)
+            t0 = time.perf_counter()
             for _ in range(3):
                 pycoll.allreduce(x, algorithm=algorithm, comm=comm)
-            iters = args.iters
-            if iters is None:  # about burst_ms of calls, the same number on every rank (rank 0's estimate)
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    pycoll.allreduce(x, algorithm=algorithm, comm=comm)
-                guess = np.array([max(3, int(args.burst_ms / 1e3 / ((time.perf_counter() - t0) / 3)))])
-                pycoll.broadcast(guess, root=0, comm=comm)
-                iters = int(min(guess[0], 100_000))
-            row = _measure(comm, x, algorithm, iters, False)
-            if args.syscalls:
-                row["syscalls"] = _measure(comm, x, algorithm, max(3, iters // 10), True)["syscalls"]
-            rows.append({"rank": comm.rank, "world": comm.world_size, "bytes": nbytes, "algorithm": algorithm,
-                         "transport": comm.transport, "iters": iters, **row})
+            guess = np.array([max(3, int(args.burst_ms / 1e3 / ((time.perf_counter() - t0) / 3)))])
+            pycoll.broadcast(guess, root=0, comm=comm)
+            iters = int(min(guess[0], 100_000))
+        row = _measure(comm, x, algorithm, iters, False)
+        if args.syscalls:
+            row["syscalls"] = _measure(comm, x, algorithm, max(3, iters // 10), True)["syscalls"]
+        rows.append({"rank": comm.rank, "world": comm.world_size, "bytes": nbytes, "algorithm": variant,
+                     "round": round_, "transport": comm.transport, "iters": iters, **row})
     Path(args.out, f"rank{comm.rank}.json").write_text(json.dumps(rows))
     pycoll.finalize()
     return 0
@@ -179,7 +188,8 @@ def _table(rows: list[dict[str, Any]], syscalls: bool) -> list[str]:
         def mean(k: str, m: list[dict[str, Any]] = mine) -> float:
             return statistics.fmean(r[k] for r in m)
 
-        call = max(r["call_us"] for r in mine)
+        rounds = sorted({r.get("round", 0) for r in mine})
+        call = statistics.median(max(r["call_us"] for r in mine if r.get("round", 0) == k) for k in rounds)
         native, wait = mean("native_us"), mean("wait_us")
         share = 100 * wait / native if native else 0.0
         api, work = mean("call_us") - native, native - wait
