@@ -287,8 +287,8 @@ bool Executor::PlanRunner::pump_chain(const Chain& c) {
 }
 
 // One fragment of a chain, `n` bytes at `pos` of every member's message, block by block through a buffer
-// that stays in L1: the partial of the members in their order, each step rounded as its op would; then
-// the last member's result where it goes (D, its send `room`, the publishers' rooms).
+// that stays in L1: the members' reductions in their order, each step rounded as its op would; then the
+// result where it goes (D, the last member's send `room` if it sends, the publishers' rooms).
 void Executor::PlanRunner::reduce_chain(const Chain& c, uint64_t pos, uint64_t n, uint8_t* room) {
   constexpr uint64_t kBlockBytes = 8192;  // a multiple of every element size
   alignas(64) uint8_t block[kBlockBytes];
@@ -297,8 +297,7 @@ void Executor::PlanRunner::reduce_chain(const Chain& c, uint64_t pos, uint64_t n
   const uint8_t* src = buffer(head.src_buf) + head.src_off + pos;
   uint8_t* dst = buffer(head.dst_buf) + head.dst_off + pos;
   const int divisor = finalize_divisor(a_.op, last.finalize, world_);
-  const bool last_writes = op_receives_into_dst(last.kind);
-  const bool stream = stream_outputs_ && last.finalize && last_writes;
+  const bool stream = stream_outputs_ && last.finalize;
   for (uint64_t o = 0; o < n; o += kBlockBytes) {
     const uint64_t len = std::min(kBlockBytes, n - o);
     const size_t count = len / isz_;
@@ -307,13 +306,7 @@ void Executor::PlanRunner::reduce_chain(const Chain& c, uint64_t pos, uint64_t n
       reduce_(block, nullptr, partial, x_.chain_frags_[m] + o, count, 0, false);
       partial = block;
     }
-    const uint8_t* frag = x_.chain_frags_[c.count - 1] + o;
-    if (!last_writes) {  // RECV_REDUCE_SEND: D keeps the partial of the members before it
-      std::memcpy(dst + o, block, len);
-      reduce_(room + o, nullptr, block, frag, count, divisor, false);
-      continue;
-    }
-    reduce_(block, nullptr, block, frag, count, divisor, false);
+    reduce_(block, nullptr, block, x_.chain_frags_[c.count - 1] + o, count, divisor, false);
     copy(dst + o, block, len, stream);
     if (room) std::memcpy(room + o, block, len);
     for (uint8_t* r : x_.publish_rooms_) std::memcpy(r + o, block, len);

@@ -9,18 +9,10 @@ namespace pycoll {
 namespace {
 
 // Whether `op` may be the next member of a chain into the region (buf, off, bytes): it reads the chain's
-// partial there and writes it back, or sends it on (see the header).
+// partial there and writes it back (see the header).
 bool continues_chain(const PlanOp& op, int32_t buf, uint64_t off, uint64_t bytes) {
-  if (op.bytes != bytes || op.src_buf != buf || op.src_off != off) return false;
-  switch (op.kind) {
-    case OpKind::kRecvReduce:
-    case OpKind::kRecvReduceCopySend:
-      return op.dst_buf == buf && op.dst_off == off;
-    case OpKind::kRecvReduceSend:
-      return true;
-    default:
-      return false;
-  }
+  return (op.kind == OpKind::kRecvReduce || op.kind == OpKind::kRecvReduceCopySend) && op.bytes == bytes &&
+         op.src_buf == buf && op.src_off == off && op.dst_buf == buf && op.dst_off == off;
 }
 
 bool overlaps(uint64_t a_off, uint64_t a_bytes, uint64_t b_off, uint64_t b_bytes) {
@@ -32,7 +24,7 @@ bool overlaps(uint64_t a_off, uint64_t a_bytes, uint64_t b_off, uint64_t b_bytes
 void add_publishers(NativePlan& plan, Chain& chain, size_t step) {
   const PlanOp& last = plan.ops[chain.first + chain.count - 1];
   chain.publish_begin = chain.publish_end = static_cast<uint32_t>(plan.publishers.size());
-  if (!last.finalize || !op_receives_into_dst(last.kind)) return;
+  if (!last.finalize) return;
   const size_t n_steps = plan.step_begin.size() - 1;
   const uint32_t stop = plan.step_begin[std::min(step + 2, n_steps)];
   std::vector<int32_t> peers;  // one publisher per peer; none to the peer the last member sends to

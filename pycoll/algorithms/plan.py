@@ -41,7 +41,7 @@ Execution order
     message (count 0: a barrier round, an acknowledgement) waits for every op of the earlier steps. So a
     plan relies on step order only through the data its ops touch and through empty messages. It also
     does a *chain* of receive-reduces into one region (a direct all-reduce's owner reducing its peers'
-    segments, a tree node both children's) in one pass over memory, and writes the region it finalizes
+    segments) in one pass over memory, and writes the region it finalizes
     straight into the SENDs of it that follow (csrc/engine/plan_fusion.h), combining every element in
     plan order and rounding it as each op would.
 
