@@ -13,10 +13,12 @@
 //              the last may finalize. The executor takes fragment k of every member's message at once and
 //              computes, block by block in a buffer that stays in L1, ((src (+) m1) (+) m2) ... in the
 //              members' order, so every element is combined in plan order and rounded to its type after
-//              every step, as the ops would. Members receive from different peers: lockstep on one link
-//              would wait on itself. A tree node's two children (RECV_REDUCE, then RECV_REDUCE_SEND to its
-//              parent) are not a chain: fused, the 4-rank tree ran 1.15x slower at 64 MiB (the lockstep
-//              holds the child that is ahead back; docs/performance.md).
+//              every step, as the ops would. Members receive from different peers (lockstep on one link
+//              would wait on itself), and every message fits in its channel (plans cut messages at
+//              Transport::segment_bytes, half a channel), so waiting for all of them at once holds no
+//              sender back that op-by-op order would let go on. A tree node's two children (RECV_REDUCE,
+//              then RECV_REDUCE_SEND to its parent) are not a chain: fused, the 4-rank tree ran 1.15x
+//              slower at 64 MiB (the lockstep holds the child that is ahead back; docs/performance.md).
 //   publisher  a SEND of exactly the region D that the chain finalizes, in the chain's step or the next,
 //              with no op writing D between them: the executor writes the final fragment into the
 //              publisher's send slot in the same pass, while the publisher is ready but for the chain and
