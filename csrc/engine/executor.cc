@@ -86,9 +86,11 @@ class Executor::PlanRunner {
   bool ready(size_t i, size_t first);
   // Moves op i as far as it can go now; true if it moved.
   bool pump(size_t i);
-  bool ready_but_for(size_t i, const Chain& c, size_t first) const;
+  // Whether op i may start but for the ops [skip_begin, skip_end) (a chain's members): its fence is passed
+  // and every other op it waits for is done.
+  bool deps_done(size_t i, size_t first, uint32_t skip_begin, uint32_t skip_end) const;
   bool chain_ready(const Chain& c, size_t first);
-  bool pump_chain(const Chain& c);
+  bool pump_chain(const Chain& c, size_t first);
   void reduce_chain(const Chain& c, uint64_t pos, uint64_t n, uint8_t* room);
   void blocked_on(int peer, bool room, uint64_t fragments) {
     if (ctx_.waiting_on_peer < 0) ctx_.waiting_on_peer = peer;  // the earliest blocked op names the peer
@@ -186,7 +188,7 @@ void Executor::PlanRunner::run() {
       if (chain < 0) {
         if (ready(i, first)) progressed |= pump(i);
       } else if (plan_.chains[chain].first == i && fused_ && chain_ready(plan_.chains[chain], first)) {
-        progressed |= pump_chain(plan_.chains[chain]);
+        progressed |= pump_chain(plan_.chains[chain], first);
       } else if (!fused_ && ready(i, first)) {
         progressed |= pump(i);
       }
@@ -203,21 +205,17 @@ void Executor::PlanRunner::run() {
 
 bool Executor::PlanRunner::ready(size_t i, size_t first) {
   if (ready_[i]) return true;
-  const PlanOp& op = plan_.ops[i];
-  if (first < op.after_all_before) return false;
-  for (uint32_t d = op.deps_begin; d < op.deps_end; ++d)
-    if (!done_[plan_.deps[d]]) return false;
+  if (!deps_done(i, first, 0, 0)) return false;
   ready_[i] = 1;
   return true;
 }
 
-// Whether every op a member of the chain waits for, other than the chain's own members, is done.
-bool Executor::PlanRunner::ready_but_for(size_t i, const Chain& c, size_t first) const {
+bool Executor::PlanRunner::deps_done(size_t i, size_t first, uint32_t skip_begin, uint32_t skip_end) const {
   const PlanOp& op = plan_.ops[i];
   if (first < op.after_all_before) return false;
   for (uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
     const auto dep = static_cast<uint32_t>(plan_.deps[d]);
-    if (!done_[dep] && (dep < c.first || dep >= c.first + c.count)) return false;
+    if (!done_[dep] && (dep < skip_begin || dep >= skip_end)) return false;
   }
   return true;
 }
@@ -225,7 +223,7 @@ bool Executor::PlanRunner::ready_but_for(size_t i, const Chain& c, size_t first)
 bool Executor::PlanRunner::chain_ready(const Chain& c, size_t first) {
   if (ready_[c.first]) return true;
   for (uint32_t k = c.first; k < c.first + c.count; ++k)
-    if (!ready_but_for(k, c, first)) return false;
+    if (!deps_done(k, first, c.first, c.first + c.count)) return false;
   ready_[c.first] = 1;
   return true;
 }
@@ -234,7 +232,7 @@ bool Executor::PlanRunner::chain_ready(const Chain& c, size_t first) {
 // peer (and the last member, if it sends, has room), one pass reduces them all and writes the results
 // where the members would, and into the slot of every publisher that is ready but for the chain, has
 // room and has sent exactly as much.
-bool Executor::PlanRunner::pump_chain(const Chain& c) {
+bool Executor::PlanRunner::pump_chain(const Chain& c, size_t first) {
   const PlanOp& last = plan_.ops[c.first + c.count - 1];
   const uint64_t total = last.bytes;
   uint64_t& pos = pos_[c.first];
@@ -264,7 +262,7 @@ bool Executor::PlanRunner::pump_chain(const Chain& c) {
     x_.publish_rooms_.clear();
     for (uint32_t p = c.publish_begin; p < c.publish_end; ++p) {
       const uint32_t j = plan_.publishers[p];
-      if (done_[j] || pos_[j] != pos || !ready_but_for(j, c, c.first)) continue;
+      if (done_[j] || pos_[j] != pos || !deps_done(j, first, c.first, c.first + c.count)) continue;
       if (void* r = t_.acquire_send(plan_.ops[j].send_peer)) {
         x_.publish_ops_.push_back(j);
         x_.publish_rooms_.push_back(static_cast<uint8_t*>(r));

@@ -33,29 +33,29 @@ def _input(rank: int, count: int, dtype: str) -> np.ndarray:
 def _fused_against_simulator(comm, rank, world):
     failures = []
     chained = set()
-    for algorithm in ("direct",):
-        for dtype, op in CASES:
-            itemsize = np.dtype(dtype).itemsize
-            segment = comm.segment_bytes // itemsize
-            counts = (1, 1001, 2 * comm.fragment_bytes // itemsize + 3)
-            if (dtype, op) in (("float32", "sum"), ("float16", "sum")):
-                counts += (3 * world * segment + 5,)
-            for count in counts:
-                inputs = [_input(r, count, dtype) for r in range(world)]
-                plans = [comm._python_plan(r, "allreduce", algorithm, count, itemsize, 0, None,
-                                           comm.segment_bytes) for r in range(world)]
-                want = simulate(plans, inputs, op).outputs[rank]
-                if comm.native_plan("allreduce", algorithm, count, itemsize).chains:
-                    chained.add(algorithm)
-                for fuse in (True, False):
-                    comm._native.fuse = fuse
-                    x = inputs[rank].copy()
-                    pycoll.allreduce(x, op, algorithm=algorithm, comm=comm)
-                    if x.tobytes() != want.tobytes():
-                        bad = int(np.count_nonzero(x.view(np.uint8) != want.view(np.uint8)))
-                        label = f"{algorithm} {dtype} {op} count={count} fuse={fuse}"
-                        failures.append(f"{label}: {bad} bytes differ")
-                comm._native.fuse = True
+    algorithm = "direct"
+    for dtype, op in CASES:
+        itemsize = np.dtype(dtype).itemsize
+        segment = comm.segment_bytes // itemsize
+        counts = (1, 1001, 2 * comm.fragment_bytes // itemsize + 3)
+        if (dtype, op) in (("float32", "sum"), ("float16", "sum")):
+            counts += (3 * world * segment + 5,)
+        for count in counts:
+            inputs = [_input(r, count, dtype) for r in range(world)]
+            plans = [comm._python_plan(r, "allreduce", algorithm, count, itemsize, 0, None,
+                                       comm.segment_bytes) for r in range(world)]
+            want = simulate(plans, inputs, op).outputs[rank]
+            if comm.native_plan("allreduce", algorithm, count, itemsize).chains:
+                chained.add(algorithm)
+            for fuse in (True, False):
+                comm._native.fuse = fuse
+                x = inputs[rank].copy()
+                pycoll.allreduce(x, op, algorithm=algorithm, comm=comm)
+                if x.tobytes() != want.tobytes():
+                    bad = int(np.count_nonzero(x.view(np.uint8) != want.view(np.uint8)))
+                    label = f"{algorithm} {dtype} {op} count={count} fuse={fuse}"
+                    failures.append(f"{label}: {bad} bytes differ")
+            comm._native.fuse = True
     return failures, sorted(chained)
 
 
