@@ -32,7 +32,7 @@ def _input(rank: int, count: int, dtype: str) -> np.ndarray:
 
 def _fused_against_simulator(comm, rank, world):
     failures = []
-    chained = set()
+    chained = False  # whether some direct plan here has chains (else fusion went untested)
     algorithm = "direct"
     for dtype, op in CASES:
         itemsize = np.dtype(dtype).itemsize
@@ -46,7 +46,7 @@ def _fused_against_simulator(comm, rank, world):
                                        comm.segment_bytes) for r in range(world)]
             want = simulate(plans, inputs, op).outputs[rank]
             if comm.native_plan("allreduce", algorithm, count, itemsize).chains:
-                chained.add(algorithm)
+                chained = True
             for fuse in (True, False):
                 comm._native.fuse = fuse
                 x = inputs[rank].copy()
@@ -56,7 +56,7 @@ def _fused_against_simulator(comm, rank, world):
                     label = f"{algorithm} {dtype} {op} count={count} fuse={fuse}"
                     failures.append(f"{label}: {bad} bytes differ")
             comm._native.fuse = True
-    return failures, sorted(chained)
+    return failures, chained
 
 
 @pytest.mark.parametrize("world,env", [(3, {}), (4, {}), (3, TCP), (4, MIXED)],
@@ -65,4 +65,4 @@ def test_chains_give_the_bits_of_the_ops_one_by_one(world, env):
     with RankPool(world, env=env) as pool:
         results = pool.run(_fused_against_simulator, timeout=300)
     assert [failures for failures, _ in results] == [[]] * world
-    assert all(chained == ["direct"] for _, chained in results), "a direct plan without chains tests nothing"
+    assert all(chained for _, chained in results), "a direct plan without chains tests nothing"
