@@ -392,14 +392,14 @@ def _allreduce(
     buf = as_buffer(x, "x", writable=True)
     code = op_code(op, buf)
     auto_algorithm: str | None = None
+    gpu = _on_gpu(buf)
     if isinstance(compression, str) and compression.lower() == "auto":
-        codec, auto_algorithm = auto.compression(c, residual, buf, op, error_budget)
+        codec, auto_algorithm = auto.compression(c, residual, buf, op, error_budget, gpu)
         res = None
     else:
         if error_budget is not None:
             raise InvalidUsageError('error_budget= applies to compression="auto" only')
         codec, res = _compression(c, compression, residual, buf, op)
-    gpu = _on_gpu(buf)
     if codec is not None and algorithm == "auto":
         algo = auto_algorithm or auto_compressed_algorithm(c)
     else:

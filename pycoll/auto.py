@@ -13,6 +13,7 @@
 | ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,  |
 |                                                          |                              | pycoll.bench |
 | which codec and algorithm run ``compression="auto"``?    | ``compression``              | pycoll.api   |
+| ... and on GPU memory: which machine is it?              | ``gpu_topology``             | Communicator |
 
 The cost model (:class:`pycoll.tuning.model.Model`) only predicts: it answers "which of these is
 predicted fastest" (``choose_algorithm``, ``choose_compression``, remembered per model); this module
@@ -23,7 +24,7 @@ alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from pycoll.env import (
 )
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning.model import Model
+from pycoll.tuning.topology import Topology, TopologyModel, load_links
 
 if TYPE_CHECKING:
     from pycoll.arrays import Buffer
@@ -51,6 +53,7 @@ __all__ = [
     "auto_compressed_algorithm",
     "compression",
     "default_model",
+    "gpu_topology",
     "ranks_per_host",
     "ring_shape",
     "spans_equal_hosts",
@@ -151,6 +154,39 @@ def default_model(transport: str, *, workers: int, segment_bytes: int, fragment_
     return replace(model, fragment_bytes=fragment_bytes)
 
 
+#: The GPU machine ``compression="auto"`` assumes where PYCOLL_TOPOLOGY does not say: NVLink 4 inside a
+#: node and, across nodes, one 400 Gb/s InfiniBand NIC per GPU (a DGX / HGX H100). It is the fastest
+#: common machine, where a codec pays least: a slower one described in PYCOLL_TOPOLOGY compresses more.
+DEFAULT_GPU_TOPOLOGY = {"intra": "nvlink4", "inter": "ib_ndr"}
+
+
+def gpu_topology(setting: Mapping[str, str], hosts: Sequence[str]) -> TopologyModel | None:
+    """The cost model of the GPU machine the ranks run on, for ``compression="auto"`` on GPU memory:
+    nodes and GPUs per node from the host list (ranks numbered host by host, one per GPU), the links from
+    PYCOLL_TOPOLOGY (``setting``, rank 0's) or DEFAULT_GPU_TOPOLOGY (NICs: one per GPU). None where the
+    hosts hold unequal numbers of ranks: no codec is chosen there (NCCL's own all-reduce runs)."""
+    per_host = ranks_per_host(hosts)
+    if per_host is None:
+        return None
+    nodes = len(hosts) // per_host
+    spec = {**DEFAULT_GPU_TOPOLOGY, **setting}
+    try:
+        links = load_links(spec["links"]) if "links" in spec else None
+        topology = Topology.describe(
+            nodes=nodes,
+            gpus_per_node=per_host,
+            intra=spec["intra"],
+            inter=spec["inter"] if nodes > 1 else None,
+            nics_per_node=int(spec.get("nics", per_host)),
+            p2p=spec.get("p2p", "yes") == "yes",
+            gpu=spec.get("gpu"),
+            links=links,
+        )
+    except ValueError as exc:
+        raise InvalidUsageError(f"PYCOLL_TOPOLOGY: {exc}") from None
+    return TopologyModel(topology)
+
+
 # ---- each call ------------------------------------------------------------------------------------------
 def algorithm(
     comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int, gpu: bool = False
@@ -186,10 +222,12 @@ def auto_compressed_algorithm(comm: Communicator) -> str:
 
 
 def compression(
-    comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None
+    comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None, gpu: bool = False
 ) -> tuple[Codec | None, str | None]:
     """``compression="auto"``: the codec (or None) and algorithm the cost model predicts fastest within
-    the error budget; no codec for data or operators compression does not support."""
+    the error budget; no codec for data or operators compression does not support. On GPU memory the
+    model is the GPU machine's (``gpu_topology``), and NCCL's own all-reduce is a candidate: a codec is
+    chosen only where pycoll's compressed all-reduce is predicted faster than NCCL."""
     budget = DEFAULT_ERROR_BUDGET if error_budget is None else error_budget
     if not budget >= 0:
         raise InvalidUsageError(f"error_budget must be a relative error >= 0, got {error_budget}")
@@ -200,7 +238,13 @@ def compression(
     if buf.dtype not in CODEC_DTYPES or op.lower() not in ("sum", "avg"):
         return None, None
     f32_bytes = buf.count * 4  # compressed all-reduces run on float32
-    name, chosen = comm.model.choose_compression(comm.world_size, f32_bytes, error_budget=budget)
+    if gpu:
+        machine = comm.gpu_model
+        if machine is None:
+            return None, None
+        name, chosen = machine.choose_compression(f32_bytes, error_budget=budget)
+    else:
+        name, chosen = comm.model.choose_compression(comm.world_size, f32_bytes, error_budget=budget)
     if name == "none":
         return None, None
     return get_codec(name), chosen

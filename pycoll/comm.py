@@ -45,6 +45,7 @@ from pycoll.skew.report import SkewReport
 from pycoll.skew.tracker import Notice, SkewTracker, StragglerEvent, clock_domain
 from pycoll.tuning import Model
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
+from pycoll.tuning.topology import TopologyModel
 
 if TYPE_CHECKING:
     from pycoll.gpu import Enqueued, GpuSide
@@ -265,6 +266,7 @@ class Communicator:
         self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
         self.fragment_bytes = int(self._native.fragment_bytes)
+        self._gpu_topology_setting: dict[str, str] = {}  # PYCOLL_TOPOLOGY, rank 0's (_agree_on_model)
         self.model = self._agree_on_model(timeout)
         self._skew = SkewTracker(self)
         self._skew.sync_clocks(clock_domain(boot_id(), round(settings.fake_clock_offset_s * 1e9)), timeout)
@@ -349,8 +351,11 @@ class Communicator:
                     segment_bytes=self.segment_bytes,
                     fragment_bytes=self.fragment_bytes,
                 )
+            self._gpu_topology_setting = dict(self.settings.gpu_topology)
+            self._store.set("gpu-topology", json.dumps(self._gpu_topology_setting).encode())
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
             return model
+        self._gpu_topology_setting = json.loads(self._store.get("gpu-topology", timeout).decode())
         return model_from_dict(json.loads(self._store.get("tuning", timeout).decode()))
 
     # ---- plans -------------------------------------------------------------------------------------
@@ -437,6 +442,12 @@ class Communicator:
             segment_elems=segment_elems,
             local_size=local_size,
         )
+
+    @functools.cached_property
+    def gpu_model(self) -> TopologyModel | None:
+        """The cost model of the GPU machine, for ``compression="auto"`` on GPU memory
+        (``pycoll.auto.gpu_topology``; PYCOLL_TOPOLOGY as rank 0 has it)."""
+        return auto.gpu_topology(self._gpu_topology_setting, self.hosts)
 
     @functools.cached_property
     def spans_equal_hosts(self) -> bool:

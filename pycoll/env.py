@@ -28,6 +28,11 @@
 | PYCOLL_GPU_TRANSPORT   | how GPU collectives of ring/tree/direct move messages: ``nccl``| nccl    |
 |                        | (send/recv), or ``shm`` (through host shared memory: ranks     |         |
 |                        | that share one GPU, which NCCL refuses, or have no NCCL)       |         |
+| PYCOLL_TOPOLOGY        | the GPU machine ``compression="auto"`` chooses for on GPU      | nvlink4,|
+|                        | memory: ``intra=LINK,inter=LINK,nics=K,p2p=yes|no,gpu=NAME,`` | ib_ndr x|
+|                        | ``links=FILE`` (any of them; link classes as ``pycoll model   | GPUs    |
+|                        | --list`` shows them); nodes and GPUs per node come from the   |         |
+|                        | hosts. Rank 0's is used by every rank                         |         |
 | PYCOLL_HOST_ID         | names this rank's host; ranks with the same id are on one host | hostname|
 |                        | (shared memory between them). Unset: hostname + kernel boot id | + boot  |
 |                        | (containers on one machine share it). Set it per rank to tell  | id      |
@@ -114,6 +119,8 @@ class Settings:
     stream_bytes: int = STREAM_OFF
     yield_us: int | None = None  # None: decide from the number of CPUs and local ranks
     gpu_transport: str = "nccl"
+    #: PYCOLL_TOPOLOGY as key -> value (``TOPOLOGY_KEYS``); empty: pycoll.auto's default machine.
+    gpu_topology: Mapping[str, str] = field(default_factory=dict)
     transport: str = "auto"
     host_id: str | None = None  # None: hostname + boot id (pycoll.comm.host_id)
     socket_ifname: str | None = None  # None: listen on every interface
@@ -190,6 +197,7 @@ class Settings:
             host_id=_host_id(env.get("PYCOLL_HOST_ID", "")),
             socket_ifname=_socket_ifname(env.get("PYCOLL_SOCKET_IFNAME", "")),
             gpu_transport=gpu_transport,
+            gpu_topology=topology_setting(env.get("PYCOLL_TOPOLOGY", "")),
             timeout_s=float(number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT_S, float, 0.001)),
             debug=debug,
             shm_slot_bytes=slot_size("PYCOLL_SHM_SLOT_BYTES"),
@@ -214,6 +222,32 @@ class Settings:
             ),
             fake_clock_offset_s=float(number("PYCOLL_FAKE_CLOCK_OFFSET_S", 0.0, float, -1e9)),
         )
+
+
+#: The keys of PYCOLL_TOPOLOGY (the Settings table); link and GPU names are checked where they are used.
+TOPOLOGY_KEYS = ("intra", "inter", "nics", "p2p", "gpu", "links")
+
+
+def topology_setting(raw: str) -> dict[str, str]:
+    """PYCOLL_TOPOLOGY (``intra=nvlink3,inter=ib_hdr,nics=4``) as a dict; InvalidUsageError naming the
+    part that is not ``key=value`` with a known key, a count of NICs or a yes / no."""
+    spec: dict[str, str] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        key, sep, value = (x.strip() for x in part.partition("="))
+        key = key.lower()
+        if not sep or key not in TOPOLOGY_KEYS or not value:
+            raise InvalidUsageError(
+                f"PYCOLL_TOPOLOGY takes key=value pairs separated by commas, keys {', '.join(TOPOLOGY_KEYS)} "
+                f"(e.g. intra=nvlink3,inter=ib_hdr,nics=4); got {part!r}"
+            )
+        if key == "nics" and not (value.isdigit() and int(value) >= 1):
+            raise InvalidUsageError(f"PYCOLL_TOPOLOGY: nics must be a count >= 1, got {value!r}")
+        if key == "p2p" and value.lower() not in ("yes", "no"):
+            raise InvalidUsageError(f"PYCOLL_TOPOLOGY: p2p must be yes or no, got {value!r}")
+        spec[key] = value if key == "links" else value.lower()
+    return spec
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -33,6 +33,7 @@ from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
+from pycoll.tuning.topology import GPU_SEGMENT_BYTES
 from pycoll.work import Work
 
 if TYPE_CHECKING:
@@ -40,9 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pycoll")
 
-#: Largest message of a plan on GPUs. NCCL moves messages of any size; smaller ones only help where a
-#: fused op can forward a piece while the next arrives (tree), at the cost of a kernel launch each.
-GPU_SEGMENT_BYTES = 16 << 20
 #: How often the watchdog looks at outstanding collectives (seconds). Deadlines are seconds long; each look
 #: takes the GIL from the thread that feeds the GPU, so it is not done more often than needed.
 WATCHDOG_PERIOD_S = 0.01

@@ -1,14 +1,24 @@
-"""``pycoll model``: the cost model's predicted all-reduce time and bus bandwidth, per link class.
+"""``pycoll model``: the cost model's predicted all-reduce time and bus bandwidth, per link class or for a
+machine of GPU nodes.
 
     pycoll model --link pcie4 --ranks 8                    # one link: every algorithm, auto's choice
     pycoll model --ranks 8                                 # PCIe 4 vs NVLink 4 vs InfiniBand NDR
     pycoll model --link shm,eth10 --ranks 4 --compression none,fp16,int8 --plot model.png
+    pycoll model --nodes 2 --gpus-per-node 8 --intra nvlink3 --inter ib_hdr --nics-per-node 8
+    pycoll model --gpus-per-node 8 --intra pcie4 --p2p no --error-budget 1e-2 --json out.jsonl
+    pycoll model --list [--links-file my_links.json]       # the link classes
 
-For each link (``pycoll.tuning.links.LINKS``; ``shm`` uses this machine's calibration when
-``pycoll bench --calibrate`` saved one) a table gives, per size, the predicted busbw (GB/s, nccl-tests'
-definition) of every algorithm and of every codec (with its best algorithm), and what ``auto`` picks.
-With several links a last table puts auto's predictions side by side. ``--plot FILE.png`` draws busbw
-against size for every link and algorithm (matplotlib). The model is described in pycoll/tuning/model.py.
+One link (``--link``; ``pycoll.tuning.links.LINKS``; ``shm`` uses this machine's calibration when
+``pycoll bench --calibrate`` saved one): a table per link gives, per size, the predicted busbw (GB/s,
+nccl-tests' definition) of every algorithm and of every codec (with its best algorithm), and what
+``auto`` picks; with several links a last table puts auto's predictions side by side.
+
+A machine (``--nodes``, ``--gpus-per-node``, ``--intra``, ``--inter``, ``--nics-per-node``, ``--p2p``;
+pycoll.tuning.topology): per size, NCCL's own ring and tree (pycoll.tuning.nccl, the baseline) and
+pycoll's ring, tree, direct and hierarchical, uncompressed and with each codec, as time, algbw and
+busbw; then what ``compression="auto"`` runs on GPUs there (within ``--error-budget``, default the
+library's) against NCCL. ``--json FILE`` writes one JSON line per prediction; ``--plot FILE.png`` draws
+busbw against size (matplotlib). The models are described in pycoll/tuning/model.py and topology.py.
 """
 
 from __future__ import annotations
@@ -48,15 +58,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("-f", "--stepfactor", type=float, default=4, help="size multiplier (4)")
     parser.add_argument(
         "--compression",
-        default="none",
+        default=None,
         metavar="CODEC[,CODEC...]",
-        help="also predict these codecs (fp16, bf16, int8, int4), each with its best algorithm",
+        help="also predict these codecs (fp16, bf16, int8, int4), each with its best algorithm "
+        "(default: none for --link, all four for a machine)",
     )
     parser.add_argument(
         "--error-budget",
         type=float,
         default=None,
-        help="let auto compress within this relative error (e.g. 1e-2); default: no codec",
+        help="let auto compress within this relative error (e.g. 1e-2); default: no codec for --link, "
+        "the library's default budget for a machine",
+    )
+    machine = parser.add_argument_group("a machine of GPU nodes (instead of --link / --ranks)")
+    machine.add_argument("--nodes", type=int, default=None, metavar="N", help="nodes (1)")
+    machine.add_argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (8)")
+    machine.add_argument("--intra", default=None, metavar="LINK", help="link between a node's GPUs (nvlink4)")
+    machine.add_argument("--inter", default=None, metavar="LINK", help="NIC class between nodes")
+    machine.add_argument("--nics-per-node", type=int, default=None, metavar="K", help="NICs per node (1)")
+    machine.add_argument("--p2p", choices=("yes", "no"), default=None, help="PCIe peer-to-peer (yes)")
+    machine.add_argument(
+        "--gpu", default=None, help="GPU model (a100, h100, h200, b200; default: the intra link's)"
+    )
+    parser.add_argument(
+        "--links-file",
+        default=None,
+        metavar="FILE",
+        help="your own link classes (JSON or TOML; docs/tuning.md)",
     )
     parser.add_argument("--plot", metavar="FILE.png", help="draw busbw against size (needs matplotlib)")
     parser.add_argument("--json", metavar="FILE", help="write every prediction as JSON lines")
@@ -78,40 +106,62 @@ def _model(name: str, ranks: int) -> Any:
     return Model.for_link(name)
 
 
-def _list_links() -> str:
+def _list_links(extra: dict[str, Any]) -> str:
     from pycoll.tuning import LINKS
 
-    lines = [f"{'link':<8} {'alpha':>7} {'beta GB/s':>10}  {'device':<6} description (source)"]
-    for link in LINKS.values():
+    lines = [f"{'link':<8} {'kind':<6} {'alpha':>7} {'beta GB/s':>10}  {'device':<6} description (source)"]
+    for link in [*LINKS.values(), *extra.values()]:
         beta = "memory" if link.beta_Bps is None else f"{link.beta_Bps / 1e9:.1f}"
         lines.append(
-            f"{link.name:<8} {link.alpha_s * 1e6:>5.1f}us {beta:>10}  {link.device:<6} "
+            f"{link.name:<8} {link.kind:<6} {link.alpha_s * 1e6:>5.1f}us {beta:>10}  {link.device:<6} "
             f"{link.description} ({link.source})"
         )
     return "\n".join(lines)
 
 
+def _fail(what: str) -> int:
+    print(f"pycoll model: {what}", file=sys.stderr)
+    return 2
+
+
+def _codecs(text: str | None, default: str) -> list[str] | str:
+    """The codecs asked for, or an error message."""
+    codecs = [c.strip().lower() for c in (text or default).split(",") if c.strip() and c.strip() != "none"]
+    bad = [c for c in codecs if c not in ("fp16", "bf16", "int8", "int4")]
+    return f"unknown codec {', '.join(bad)} (fp16, bf16, int8, int4)" if bad else codecs
+
+
 def main(args: argparse.Namespace) -> int:
+    extra: dict[str, Any] = {}
+    if args.links_file:
+        from pycoll.tuning.topology import load_links
+
+        try:
+            extra = load_links(args.links_file)
+        except ValueError as exc:
+            return _fail(str(exc))
+    if args.list:
+        print(_list_links(extra))
+        return 0
+    machine = (args.nodes, args.gpus_per_node, args.intra, args.inter, args.nics_per_node, args.p2p, args.gpu)
+    if any(x is not None for x in machine):
+        return _main_topology(args, extra)
+    return _main_links(args)
+
+
+def _main_links(args: argparse.Namespace) -> int:
     from pycoll.tuning import LINKS
     from pycoll.tuning.model import CODEC_ALGORITHMS
 
-    if args.list:
-        print(_list_links())
-        return 0
     links = [name.strip().lower() for name in args.link.split(",") if name.strip()]
     bad = [name for name in links if name not in LINKS]
-    codecs = [c.strip().lower() for c in args.compression.split(",") if c.strip() and c.strip() != "none"]
-    bad_codecs = [c for c in codecs if c not in ("fp16", "bf16", "int8", "int4")]
-    if bad or not links or bad_codecs or args.ranks < 1:
-        what = (
-            f"unknown link {', '.join(bad)} (choose from {', '.join(LINKS)})"
-            if bad or not links
-            else f"unknown codec {', '.join(bad_codecs)} (fp16, bf16, int8, int4)"
-            if bad_codecs
-            else f"--ranks must be >= 1, got {args.ranks}"
-        )
-        print(f"pycoll model: {what}", file=sys.stderr)
-        return 2
+    codecs = _codecs(args.compression, "none")
+    if bad or not links:
+        return _fail(f"unknown link {', '.join(bad)} (choose from {', '.join(LINKS)})")
+    if isinstance(codecs, str):
+        return _fail(codecs)
+    if args.ranks < 1:
+        return _fail(f"--ranks must be >= 1, got {args.ranks}")
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
     algorithms = ("ring", "tree", "direct")
     records: list[dict[str, Any]] = []
@@ -198,3 +248,101 @@ def _format_time(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1e3:.2f}ms"
     return f"{seconds:.3f}s"
+
+
+def _main_topology(args: argparse.Namespace, extra: dict[str, Any]) -> int:
+    """Predictions for a machine of GPU nodes (module docstring)."""
+    from pycoll.auto import DEFAULT_ERROR_BUDGET
+    from pycoll.tuning.topology import Topology, TopologyModel
+
+    codecs = _codecs(args.compression, "fp16,bf16,int8,int4")
+    if isinstance(codecs, str):
+        return _fail(codecs)
+    try:
+        topology = Topology.describe(
+            nodes=1 if args.nodes is None else args.nodes,
+            gpus_per_node=8 if args.gpus_per_node is None else args.gpus_per_node,
+            intra=args.intra or "nvlink4",
+            inter=args.inter,
+            nics_per_node=1 if args.nics_per_node is None else args.nics_per_node,
+            p2p=args.p2p != "no",
+            gpu=args.gpu,
+            links=extra,
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+    budget = DEFAULT_ERROR_BUDGET if args.error_budget is None else args.error_budget
+    model = TopologyModel(topology)
+    sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    records: list[dict[str, Any]] = []
+    series: dict[str, list[tuple[int, float]]] = {}
+    print(
+        f"# {topology.label}: {topology.world} GPUs ({topology.gpu.name}); predicted all-reduce of float32, "
+        f"busbw GB/s per codec (time of the uncompressed call); codecs on pycoll's algorithms only"
+    )
+    print(f"{'size':>9}  {'algorithm':<13}" + "".join(f"{c:>9}" for c in ["none", *codecs]) + f"{'time':>11}")
+    for nbytes in sizes:
+        for algorithm in model.algorithms():
+            plain = model.predict(algorithm, nbytes)
+            cells = [f"{plain.busbw_GBps:>9.2f}"]
+            records.append(_topology_record(topology, plain))
+            series.setdefault(algorithm, []).append((nbytes, plain.busbw_GBps))
+            for codec in codecs:
+                if algorithm not in model.codec_algorithms():
+                    cells.append(f"{'-':>9}")
+                    continue
+                p = model.predict(algorithm, nbytes, codec)
+                cells.append(f"{p.busbw_GBps:>9.2f}")
+                records.append(_topology_record(topology, p))
+            size = f"{format_size(nbytes):>9}  {algorithm:<13}"
+            print(size + "".join(cells) + f"{_format_time(plain.time_s):>11}")
+        for codec in codecs:
+            best = model.best_compressed(nbytes, codec)
+            series.setdefault(f"best with {codec}", []).append((nbytes, best.busbw_GBps))
+    print()
+    print(f"# compression=\"auto\" on GPUs (error budget {budget:g}) against NCCL (its fastest algorithm)")
+    print(
+        f"{'size':>9}  {'NCCL busbw':>10} {'time':>10}  {'auto runs':<20} {'busbw':>8} {'time':>10} "
+        f"{'speed-up':>9}"
+    )
+    for nbytes in sizes:
+        nccl = model.nccl(nbytes)
+        codec, algorithm = model.choose_compression(nbytes, error_budget=budget)
+        chosen = nccl if codec == "none" else model.predict(algorithm, nbytes, codec)
+        label = nccl.algorithm if codec == "none" else f"{algorithm}+{codec}"
+        records.append({**_topology_record(topology, chosen), "auto": True, "error_budget": budget})
+        series.setdefault("auto", []).append((nbytes, chosen.busbw_GBps))
+        print(
+            f"{format_size(nbytes):>9}  {nccl.busbw_GBps:>10.2f} {_format_time(nccl.time_s):>10}  "
+            f"{label:<20} {chosen.busbw_GBps:>8.2f} {_format_time(chosen.time_s):>10} "
+            f"{nccl.time_s / chosen.time_s:>8.2f}x"
+        )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    if args.plot:
+        from pycoll.bench.plots import plot_busbw
+
+        styles = {name: "--" for name in series if name.startswith("nccl")}
+        try:
+            title = f"pycoll cost model: all-reduce on {topology.label}"
+            plot_busbw(series, args.plot, title=title, styles=styles)
+        except ImportError as exc:
+            return _fail(f"--plot needs matplotlib ({exc}); pip install matplotlib")
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _topology_record(topology: Any, p: Any) -> dict[str, Any]:
+    return {
+        "topology": topology.label,
+        "machine": topology.to_dict(),
+        "algorithm": p.algorithm,
+        "codec": p.codec,
+        "world": p.world,
+        "bytes": p.bytes,
+        "time_s": p.time_s,
+        "algbw_GBps": p.algbw_GBps,
+        "busbw_GBps": p.busbw_GBps,
+        "expected_error": p.error,
+    }

@@ -12,33 +12,42 @@ core copies or reduces it out, so the whole cost is memory traffic on the device
 ``None``). Everything else is modelled as a full-duplex wire beside a device whose kernels stream
 concurrently with it (the step costs the slower of the two).
 
-Default figures (per direction, per GPU or per port, as a rank sees them):
+Default figures (per direction, per GPU or per port, as a rank sees them). ``kind`` says what a link is
+(``KINDS``); a topology (pycoll.tuning.topology) joins the GPUs of a node by an ``nvlink`` or ``pcie``
+class and the nodes by an ``ib``, ``roce`` or ``tcp`` class:
 
-    link     rate per direction                            alpha     source
-    pcie3    x16, 8 GT/s, 128b/130b = 15.75 GB/s raw         3 us    PCI-SIG, PCIe 3.0 base specification
-    pcie4    x16, 16 GT/s = 31.5 GB/s raw                    3 us    PCI-SIG, PCIe 4.0
-    pcie5    x16, 32 GT/s = 63.0 GB/s raw                    3 us    PCI-SIG, PCIe 5.0
-    nvlink3  A100: 12 links x 25 GB/s = 300 GB/s             2 us    NVIDIA A100 datasheet (600 GB/s total)
-    nvlink4  H100 SXM: 18 links x 25 GB/s = 450 GB/s         2 us    NVIDIA H100 datasheet (900 GB/s total)
-    ib_hdr   200 Gb/s = 25 GB/s                              5 us    InfiniBand HDR (ConnectX-6 product brief)
-    ib_ndr   400 Gb/s = 50 GB/s                              5 us    InfiniBand NDR (ConnectX-7 product brief)
-    eth10    10 Gb/s = 1.25 GB/s                            25 us    IEEE 802.3 rates; TCP through the kernel
-    eth25    25 Gb/s = 3.125 GB/s                           25 us
-    eth100   100 Gb/s = 12.5 GB/s                           20 us
+    link     kind    rate per direction (raw)                  alpha  source
+    pcie3    pcie    x16, 8 GT/s, 128b/130b = 15.75 GB/s         3 us  PCI-SIG, PCIe 3.0 base specification
+    pcie4    pcie    x16, 16 GT/s = 31.5 GB/s                    3 us  PCI-SIG, PCIe 4.0
+    pcie5    pcie    x16, 32 GT/s = 63.0 GB/s                    3 us  PCI-SIG, PCIe 5.0
+    nvlink3  nvlink  A100: 12 links x 25 GB/s = 300 GB/s         2 us  NVIDIA A100 datasheet (600 GB/s total)
+    nvlink4  nvlink  H100 SXM: 18 links x 25 GB/s = 450 GB/s     2 us  NVIDIA H100 datasheet (900 GB/s total)
+    nvlink5  nvlink  B200: 18 links x 50 GB/s = 900 GB/s         2 us  NVIDIA DGX B200 datasheet (1.8 TB/s)
+    ib_hdr   ib      200 Gb/s = 25 GB/s                          5 us  InfiniBand HDR (ConnectX-6 brief)
+    ib_ndr   ib      400 Gb/s = 50 GB/s                          5 us  InfiniBand NDR (ConnectX-7 brief)
+    ib_xdr   ib      800 Gb/s = 100 GB/s                         5 us  InfiniBand XDR (ConnectX-8 brief)
+    roceN    roce    N = 25, 100, 200, 400 Gb/s, RDMA            6 us  IEEE 802.3 rates; RoCE v2 (IBTA A17)
+    ethN     tcp     N = 10, 25, 100, 200, 400 Gb/s, kernel   20-25 us  IEEE 802.3 rates
 
-``beta_Bps`` is the raw rate times ``efficiency``: 0.8 for PCIe (packet headers and flow control of
-256-byte payloads; host-to-device copies typically reach 12-13 GB/s on Gen3 x16 and 24-26 GB/s on Gen4),
-0.85 for NVLink (NCCL all-reduce bus bandwidth tops out near 230-240 GB/s on A100 and 360-380 GB/s on
-H100 without NVLink SHARP), 0.9 for InfiniBand and 0.94 for TCP over Ethernet with a 1500-byte MTU
-(1460 payload bytes per 1538 on the wire). The per-step latencies are of the order NCCL's own tuning
-tables use for one hop of its Simple protocol (src/graph/tuning.cc in github.com/NVIDIA/nccl: a few us
-over NVLink and PCIe, 10+ us over the network) and of a kernel TCP round trip within a rack.
+``beta_Bps`` is the raw rate times ``efficiency`` (``EFFICIENCY``), the share a bulk transfer attains:
+0.8 for PCIe (packet headers and flow control of 256-byte payloads; host-to-device copies typically
+reach 12-13 GB/s on Gen3 x16 and 24-26 GB/s on Gen4); 0.8 for NVLink (NCCL's maintainers: a 25 GB/s
+link carries ~20 GB/s of 128-byte payloads from the SMs, github.com/NVIDIA/nccl-tests/issues/149); 0.96
+for InfiniBand and RoCE (the same: ~24 GB/s per 200 Gb/s NIC, 12 per 100 Gb/s, 48 per 400 Gb/s; nccl-tests
+issues 119, 29, 267); 0.94 for TCP over Ethernet with a 1500-byte MTU (1460 payload bytes per 1538 on
+the wire). docs/tuning.md, "Validation against published NCCL figures", checks them against measured
+all-reduces. The per-step latencies are of the order NCCL's own tuning tables use for one hop of its
+Simple protocol (src/graph/tuning.cc in github.com/NVIDIA/nccl: a few us over NVLink and PCIe, 10+ us
+over the network) and of a kernel TCP round trip within a rack.
 
-GPU devices: HBM bandwidth from NVIDIA's datasheets (A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s), copies
-and reductions at 0.8 of it, codecs at 0.7 (the GPU issue's kernel targets; not measured yet). The CPU
-device's defaults were measured on the development VM (2 vCPUs, shared memory; see
-``pycoll.tuning.calibrate`` and docs/tuning.md): ``pycoll bench --calibrate``
-replaces them with this machine's figures.
+GPU devices: HBM bandwidth from NVIDIA's datasheets (A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s, H200 4.8
+TB/s, B200 8 TB/s); copies and reductions at 0.8 of it; codecs at 0.7 of it, counting the bytes they
+touch (an encode reads 4 bytes and writes the encoded ones per element, a decode-accumulate reads both
+and writes 4): an assumption until the GPU kernels' throughput is measured. Every message a GPU takes
+in costs ``message_s`` = 5 us (an NCCL send/receive group and a reduction kernel launched from the
+host). The CPU device's defaults were measured on the development VM (2 vCPUs, shared memory; see
+``pycoll.tuning.calibrate`` and docs/tuning.md): ``pycoll bench --calibrate`` replaces them with this
+machine's figures.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEVICES", "LINKS", "DeviceProfile", "LinkProfile", "device_for", "link_named"]
+__all__ = ["DEVICES", "KINDS", "LINKS", "DeviceProfile", "LinkProfile", "device_for", "link_named"]
 
 GB = 1e9
 
@@ -84,6 +93,9 @@ class LinkProfile:
     #: All ranks on one host, sharing its cores and memory bandwidth (shared memory). Otherwise each
     #: rank has its own device (a GPU, or a host of its own behind a NIC).
     shared_host: bool = False
+    #: The family (``KINDS``): what a topology may use it for (inside a node or between nodes) and which
+    #: of NCCL's per-hop latencies applies (pycoll.tuning.nccl).
+    kind: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,15 +163,28 @@ class DeviceProfile:
         return cls(**fields)
 
 
+#: Bytes of an encoded element per float32 element, for the codecs' memory traffic on GPUs.
+_WIRE_BYTES = {"fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+#: Share of HBM bandwidth the GPU's copies / codec kernels attain (stated assumptions, not measured).
+GPU_COPY_EFFICIENCY = 0.8
+GPU_CODEC_EFFICIENCY = 0.7
+
+
 def _gpu(name: str, hbm_Bps: float, source: str) -> DeviceProfile:
-    codec = (0.7 * hbm_Bps, 0.7 * hbm_Bps)
+    codec_Bps = {}
+    for codec, wire in _WIRE_BYTES.items():
+        r = wire / 4.0  # encoded bytes per float32 byte
+        rate = GPU_CODEC_EFFICIENCY * hbm_Bps
+        # encode: read 4 B, write the encoded ones; decode-accumulate: read both and the sum, write 4 B
+        codec_Bps[codec] = (rate / (1.0 + r), rate / (2.0 + r))
     return DeviceProfile(
         name=name,
-        copy_Bps=0.8 * hbm_Bps,
-        codec_Bps={"fp16": codec, "bf16": codec, "int8": codec, "int4": codec},
+        copy_Bps=GPU_COPY_EFFICIENCY * hbm_Bps,
+        codec_Bps=codec_Bps,
         workers=None,
         source=source,
         codec_step_s=8e-6,  # an encode and a decode kernel launch, ~4 us each
+        message_s=5e-6,  # an NCCL send/receive group and a reduction kernel, launched from the host
     )
 
 
@@ -187,24 +212,36 @@ DEVICES: dict[str, DeviceProfile] = {
     "cpu": CPU_DEFAULT,
     "a100": _gpu("a100", 2.0e12, "NVIDIA A100 80GB datasheet: HBM2e 2.0 TB/s"),
     "h100": _gpu("h100", 3.35e12, "NVIDIA H100 SXM datasheet: HBM3 3.35 TB/s"),
+    "h200": _gpu("h200", 4.8e12, "NVIDIA H200 datasheet: HBM3e 4.8 TB/s"),
+    "b200": _gpu("b200", 8.0e12, "NVIDIA DGX B200 datasheet: HBM3e 8 TB/s per GPU"),
 }
+
+#: Link families: ``nvlink`` and ``pcie`` join the GPUs of a node; ``ib``, ``roce`` and ``tcp`` join
+#: nodes; ``shm`` is pycoll's shared memory between the processes of one host.
+KINDS = ("shm", "nvlink", "pcie", "ib", "roce", "tcp")
+#: The share of the raw rate a bulk transfer attains, per family (see the module docstring).
+EFFICIENCY = {"pcie": 0.8, "nvlink": 0.8, "ib": 0.96, "roce": 0.96, "tcp": 0.94}
 
 
 def _link(
-    name: str,
-    description: str,
-    alpha_us: float,
-    raw_GBps: float | None,
-    efficiency: float,
-    device: str,
-    source: str,
+    name: str, kind: str, description: str, alpha_us: float, raw_GBps: float, device: str, source: str
 ) -> LinkProfile:
-    beta = None if raw_GBps is None else raw_GBps * efficiency * GB
-    return LinkProfile(name, description, alpha_us * 1e-6, beta, device, {}, source)
+    beta = raw_GBps * EFFICIENCY[kind] * GB
+    return LinkProfile(name, description, alpha_us * 1e-6, beta, device, {}, source, kind=kind)
 
 
-LINKS: dict[str, LinkProfile] = {
-    "shm": LinkProfile(
+def _ethernet(gbit: int, alpha_us: float) -> list[LinkProfile]:
+    rate = gbit / 8
+    return [
+        _link(f"eth{gbit}", "tcp", f"{gbit} GbE, kernel TCP, a port per rank", alpha_us, rate, "cpu",
+              f"IEEE 802.3: {gbit} Gb/s"),
+        _link(f"roce{gbit}", "roce", f"{gbit} GbE with RDMA (RoCE v2), a port", 6.0, rate, "h100",
+              f"IEEE 802.3: {gbit} Gb/s; RoCE v2, IBTA annex A17"),
+    ]
+
+
+_ALL = [
+    LinkProfile(
         "shm",
         "shared memory between the processes of one host (pycoll's transport)",
         2.71e-6,
@@ -222,60 +259,39 @@ LINKS: dict[str, LinkProfile] = {
         latency_efficiency={"direct@2": 1.05, "direct@3": 1.35, "direct@4": 3.77, "direct": 3.77,
                             "ring@3": 1.22, "ring@4": 3.81, "ring": 3.81, "tree@2": 1.06, "tree@3": 1.68,
                             "tree@4": 4.0, "tree": 4.0},
+        kind="shm",
     ),
-    "pcie3": _link("pcie3", "PCIe Gen3 x16, GPUs", 3.0, 15.75, 0.8, "a100", "PCI-SIG PCIe 3.0: 8 GT/s"),
-    "pcie4": _link("pcie4", "PCIe Gen4 x16, GPUs", 3.0, 31.5, 0.8, "a100", "PCI-SIG PCIe 4.0: 16 GT/s"),
-    "pcie5": _link("pcie5", "PCIe Gen5 x16, GPUs", 3.0, 63.0, 0.8, "h100", "PCI-SIG PCIe 5.0: 32 GT/s"),
-    "nvlink3": _link(
-        "nvlink3",
-        "NVLink 3 (A100, 12 links)",
-        2.0,
-        300.0,
-        0.85,
-        "a100",
-        "NVIDIA A100 datasheet: 600 GB/s NVLink",
-    ),
-    "nvlink4": _link(
-        "nvlink4",
-        "NVLink 4 (H100 SXM, 18 links)",
-        2.0,
-        450.0,
-        0.85,
-        "h100",
-        "NVIDIA H100 datasheet: 900 GB/s NVLink",
-    ),
-    "ib_hdr": _link(
-        "ib_hdr",
-        "InfiniBand HDR, one 200 Gb/s port per rank",
-        5.0,
-        25.0,
-        0.9,
-        "a100",
-        "InfiniBand HDR 200 Gb/s",
-    ),
-    "ib_ndr": _link(
-        "ib_ndr",
-        "InfiniBand NDR, one 400 Gb/s port per rank",
-        5.0,
-        50.0,
-        0.9,
-        "h100",
-        "InfiniBand NDR 400 Gb/s",
-    ),
-    "eth10": _link("eth10", "10 GbE, TCP, a port per rank", 25.0, 1.25, 0.94, "cpu", "IEEE 802.3: 10 Gb/s"),
-    "eth25": _link("eth25", "25 GbE, TCP, a port per rank", 25.0, 3.125, 0.94, "cpu", "IEEE 802.3: 25 Gb/s"),
-    "eth100": _link(
-        "eth100", "100 GbE, TCP, a port per rank", 20.0, 12.5, 0.94, "cpu", "IEEE 802.3: 100 Gb/s"
-    ),
-}
+    _link("pcie3", "pcie", "PCIe Gen3 x16, GPUs", 3.0, 15.75, "a100", "PCI-SIG PCIe 3.0: 8 GT/s"),
+    _link("pcie4", "pcie", "PCIe Gen4 x16, GPUs", 3.0, 31.5, "a100", "PCI-SIG PCIe 4.0: 16 GT/s"),
+    _link("pcie5", "pcie", "PCIe Gen5 x16, GPUs", 3.0, 63.0, "h100", "PCI-SIG PCIe 5.0: 32 GT/s"),
+    _link("nvlink3", "nvlink", "NVLink 3 (A100, 12 links)", 2.0, 300.0, "a100",
+          "NVIDIA A100 datasheet: 600 GB/s NVLink"),
+    _link("nvlink4", "nvlink", "NVLink 4 (H100 SXM, 18 links)", 2.0, 450.0, "h100",
+          "NVIDIA H100 datasheet: 900 GB/s NVLink"),
+    _link("nvlink5", "nvlink", "NVLink 5 (B200, 18 links)", 2.0, 900.0, "b200",
+          "NVIDIA DGX B200 datasheet: 1.8 TB/s NVLink per GPU"),
+    _link("ib_hdr", "ib", "InfiniBand HDR, one 200 Gb/s port", 5.0, 25.0, "a100", "InfiniBand HDR 200 Gb/s"),
+    _link("ib_ndr", "ib", "InfiniBand NDR, one 400 Gb/s port", 5.0, 50.0, "h100", "InfiniBand NDR 400 Gb/s"),
+    _link("ib_xdr", "ib", "InfiniBand XDR, one 800 Gb/s port", 5.0, 100.0, "b200", "InfiniBand XDR 800 Gb/s"),
+    *_ethernet(10, 25.0)[:1],
+    *_ethernet(25, 25.0),
+    *_ethernet(100, 20.0),
+    *_ethernet(200, 20.0),
+    *_ethernet(400, 20.0),
+]
+LINKS: dict[str, LinkProfile] = {link.name: link for link in _ALL}
 
 
-def link_named(name: str) -> LinkProfile:
-    """The default profile of link class ``name`` (one of LINKS)."""
+def link_named(name: str, extra: dict[str, LinkProfile] | None = None) -> LinkProfile:
+    """The profile of link class ``name``: one of ``extra`` (a user's classes) or of LINKS."""
+    key = name.lower()
+    if extra and key in extra:
+        return extra[key]
     try:
-        return LINKS[name.lower()]
+        return LINKS[key]
     except KeyError:
-        raise ValueError(f"unknown link {name!r}; choose one of {', '.join(LINKS)}") from None
+        known = [*LINKS, *(extra or {})]
+        raise ValueError(f"unknown link {name!r}; choose one of {', '.join(known)}") from None
 
 
 def device_for(link: LinkProfile, workers: int | None = None) -> DeviceProfile:

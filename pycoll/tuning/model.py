@@ -128,20 +128,27 @@ def op_costs(plan: Plan, itemsize: int, bytes_per_element: float | None = None) 
             factor[kind == k] = f
         cost[:, TRAFFIC] = factor * nbytes
     else:
+        # Ops marked uncompressed (the hierarchical all-reduce's intra-host stages) move float32 as an
+        # uncompressed plan does; the others move the codec's bytes.
+        plain = table[:, 9].astype(bool)
+        coded = ~plain
         wire = count * bytes_per_element
         raw = count * 4.0  # compressed plans run on float32
-        cost[:, SENT] = np.where(sends, wire, 0.0)
-        cost[:, RECEIVED] = np.where(receives, wire, 0.0)
-        send_input = (kind == OpKind.SEND) & (src_buf == Buf.INPUT)
+        cost[:, SENT] = np.where(sends, np.where(plain, raw, wire), 0.0)
+        cost[:, RECEIVED] = np.where(receives, np.where(plain, raw, wire), 0.0)
+        send_input = (kind == OpKind.SEND) & (src_buf == Buf.INPUT) & coded
         forward = ((kind == OpKind.SEND) & (src_buf == Buf.ENCODED)) | (kind == OpKind.RECV_COPY_SEND)
-        cost[:, TRAFFIC] = np.where(forward, 2 * wire, 0.0)
-        final_reduce = (kind == OpKind.RECV_REDUCE) & finalize
-        reduce_sends = np.isin(kind, (OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND))
+        factor = np.zeros(len(kind))
+        for k, f in _TRAFFIC.items():
+            factor[kind == k] = f
+        cost[:, TRAFFIC] = np.where(plain, factor * raw, np.where(forward, 2 * wire, 0.0))
+        final_reduce = (kind == OpKind.RECV_REDUCE) & finalize & coded
+        reduce_sends = np.isin(kind, (OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND)) & coded
         encodes = send_input | reduce_sends | final_reduce
         cost[:, ENCODED] = np.where(encodes, raw, 0.0)
         # Every receive decodes; an op that encodes a final value also decodes its own encoding.
-        redecode = (kind == OpKind.RECV_REDUCE_COPY_SEND) | final_reduce
-        cost[:, DECODED] = np.where(receives, raw, 0.0) + np.where(redecode, raw, 0.0)
+        redecode = ((kind == OpKind.RECV_REDUCE_COPY_SEND) & coded) | final_reduce
+        cost[:, DECODED] = np.where(receives & coded, raw, 0.0) + np.where(redecode, raw, 0.0)
     return cost
 
 
@@ -206,20 +213,26 @@ def plan_costs(
     bytes_per_element: float | None = None,
     block: int = 1,
     root: int = 0,
+    local_size: int = 1,
 ) -> PlanCosts:
     """Every rank's plan for one call and its ``op_costs``. They depend only on the plans, not on the
-    model's parameters, so they are computed once (cached) and reused by every model and calibration."""
+    model's parameters, so they are computed once (cached) and reused by every model and calibration.
+    ``local_size``: ranks per host, for the hierarchical all-reduce."""
     if bytes_per_element is None:
         segment_elems = max(1, segment_bytes // itemsize)
         plans = tuple(
-            build_plan(collective, algorithm, r, world, count, root=root, segment_elems=segment_elems)
+            build_plan(
+                collective, algorithm, r, world, count, root=root, segment_elems=segment_elems,
+                local_size=local_size,
+            )
             for r in range(world)
         )
         ops = tuple(op_costs(p, itemsize) for p in plans)
     else:
         segment_blocks = max(1, int(segment_bytes // (bytes_per_element * block)))
         plans = tuple(
-            build_compressed_plan(algorithm, r, world, count, block, segment_blocks) for r in range(world)
+            build_compressed_plan(algorithm, r, world, count, block, segment_blocks, local_size)
+            for r in range(world)
         )
         ops = tuple(op_costs(p, 4, bytes_per_element) for p in plans)
     for x in ops:
@@ -242,7 +255,23 @@ def _plus(a: _Time, b: _Time) -> _Time:
     return (a[0] + b[0], a[1] + b[1])
 
 
-def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) -> _Time:
+class PairLinks(NamedTuple):
+    """Links that differ from one pair of ranks to another (a topology of nodes: pycoll.tuning.topology).
+    [world, world] matrices indexed [sender, receiver]. With them ``critical_path`` counts alpha and wire
+    in seconds (their weights must be 1: ``Model.weights`` sets them)."""
+
+    #: Seconds of one hop from a rank to another.
+    alpha_s: np.ndarray
+    #: Seconds per byte on the wire from a rank to another (its share of the link they use).
+    wire_s: np.ndarray
+    #: Which of a rank's ports (0, 1, ...) a pair's messages use: messages on different ports (NVLink and
+    #: the NIC) travel at the same time; on one port they queue.
+    port: np.ndarray
+
+
+def critical_path(
+    costs: PlanCosts, weights: np.ndarray, fragment_bytes: float, pairs: PairLinks | None = None
+) -> _Time:
     """When the last rank finishes, and what that time is made of, running the plans in the executor's
     order (plan.py, "Execution order"; the same walk as ``latency_hops``) with timed ops.
 
@@ -252,15 +281,27 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
     order); a message travels the link after alpha, its wire time serialized on the sender's and on the
     receiver's side; and ops stream fragment by fragment: a receiving op can start when the first
     fragment of its message is in and end one fragment after the message's last, and a fused op's own
-    message starts one fragment into it."""
+    message starts one fragment into it. ``pairs``: links that differ from pair to pair (each pair's
+    hop and wire time, and the rank's port it uses); without them every pair has the one link of
+    ``weights``, and a rank one port."""
     world = len(costs.plans)
     zero = (0.0, np.zeros(_PARTS))
     hop_vec = np.zeros(_PARTS)
     hop_vec[C_ALPHA] = 1.0
     hop: _Time = (float(weights[C_ALPHA]), hop_vec)
     channels: dict[tuple[int, int], deque[tuple[_Time, _Time, _Time]]] = {}
-    send_port: list[_Time] = [zero] * world
-    recv_port: list[_Time] = [zero] * world
+    ports = 1 if pairs is None else int(pairs.port.max()) + 1
+    send_port: list[list[_Time]] = [[zero] * ports for _ in range(world)]
+    recv_port: list[list[_Time]] = [[zero] * ports for _ in range(world)]
+
+    def hop_of(src: int, dst: int) -> _Time:
+        if pairs is None:
+            return hop
+        a = float(pairs.alpha_s[src, dst])
+        return (a, hop_vec * a)
+
+    def port_of(src: int, dst: int) -> int:
+        return 0 if pairs is None else int(pairs.port[src, dst])
 
     layouts = []
     for r, plan in enumerate(costs.plans):
@@ -274,6 +315,9 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
         cpu_v[:, C_MESSAGE] = [op.kind in _RECEIVES for op in plan.ops()]
         wire_v = np.zeros((len(table), _PARTS))
         wire_v[:, C_WIRE] = table[:, SENT]
+        if pairs is not None:
+            peers = np.array([max(op.send_peer, 0) for op in plan.ops()], dtype=np.int64)
+            wire_v[:, C_WIRE] *= pairs.wire_s[r, peers] if len(peers) else 0.0
         cpu_t, wire_t = cpu_v @ weights, wire_v @ weights
         moved = np.maximum(table[:, SENT], table[:, RECEIVED])
         phis = np.where(moved > fragment_bytes, fragment_bytes / np.maximum(moved, 1.0), 1.0)
@@ -307,9 +351,12 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
         return (t[0] * f, t[1] * f)
 
     def post(r: int, peer: int, first: _Time, last: _Time, wire: _Time, phi: float) -> None:
-        start = _later(send_port[r], first)
-        send_port[r] = _later(_plus(start, wire), last)
-        channels.setdefault((r, peer), deque()).append((_plus(start, scaled(wire, phi)), send_port[r], wire))
+        port = port_of(r, peer)
+        start = _later(send_port[r][port], first)
+        send_port[r][port] = _later(_plus(start, wire), last)
+        channels.setdefault((r, peer), deque()).append(
+            (_plus(start, scaled(wire, phi)), send_port[r][port], wire)
+        )
 
     def send_now(r: int, i: int, op: Op, at: _Time) -> _Time:
         """A pure SEND run on the core from ``at``; returns when the core is free again."""
@@ -344,10 +391,11 @@ def critical_path(costs: PlanCosts, weights: np.ndarray, fragment_bytes: float) 
                         if not queue:
                             break
                         first, last, mw = queue.popleft()
-                        first, last = _plus(first, hop), _plus(last, hop)
+                        h, port = hop_of(op.recv_peer, r), port_of(op.recv_peer, r)
+                        first, last = _plus(first, h), _plus(last, h)
                         # The receiver's side of the link takes the message's wire time too.
-                        last = _later(last, _plus(recv_port[r], mw))
-                        recv_port[r] = last
+                        last = _later(last, _plus(recv_port[r][port], mw))
+                        recv_port[r][port] = last
                         begin = _later(cpu[r], first)
                         done = _later(_plus(begin, c), _plus(last, scaled(c, phi)))
                         if op.kind in _SENDS:
@@ -462,6 +510,11 @@ class Model:
     fragment_bytes: int | None = None
     #: Where the parameters came from ("defaults", or a calibration file).
     origin: str = "defaults"
+    #: Ranks per host (node), for the hierarchical all-reduce's plans; 1: not known.
+    local_size: int = 1
+    #: Links that differ between pairs of ranks (a topology of nodes, pycoll.tuning.topology); None: every
+    #: pair has ``link``.
+    pairs: PairLinks | None = field(default=None, compare=False, repr=False)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -505,7 +558,8 @@ class Model:
         def run(n: int) -> tuple[float, int]:
             """(seconds, steps) of the plans for ``n`` elements, timed at the call's size."""
             segment = self.segment_bytes
-            costs = plan_costs(collective, algorithm, world, n, itemsize, segment, bpe, block, root)
+            local = self.local_size if algorithm == "hierarchical" else 1
+            costs = plan_costs(collective, algorithm, world, n, itemsize, segment, bpe, block, root, local)
             return self.timing(costs, algorithm, world, name, nbytes).time_s, costs.steps
 
         if segments > 2 * EXTRAPOLATE_SEGMENTS:
@@ -515,12 +569,19 @@ class Model:
         else:
             base_s, steps = run(count)
         time_s = base_s * self.link.correction(correction_key(collective, algorithm, world, name), nbytes)
-        error = 0.0 if name == "none" else expected_error(name, algorithm, world)
+        error = 0.0 if name == "none" else self.codec_error(name, algorithm, world)
         prediction = Prediction(collective, algorithm, name, world, nbytes, time_s, steps, error)
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[key] = prediction
         return prediction
+
+    def codec_error(self, codec: str, algorithm: str, world: int) -> float:
+        """``expected_error`` of ``codec`` on this model's ranks. The hierarchical all-reduce compresses
+        its cross-host stage only, a ring among the hosts (world / local_size of them)."""
+        if algorithm == "hierarchical":
+            return expected_error(codec, "ring", max(1, world // max(self.local_size, 1)))
+        return expected_error(codec, algorithm, world)
 
     def weights(self, algorithm: str, world: int, codec: str, nbytes: int = 0) -> np.ndarray:
         """Seconds per unit of each component of ``critical_path`` (C_ALPHA ... C_WIRE) for this call.
@@ -551,6 +612,8 @@ class Model:
         w[C_ENCODED] = share / (encode_Bps * eff)
         w[C_DECODED] = share / (decode_Bps * eff)
         w[C_WIRE] = 0.0 if link.beta_Bps is None else 1.0 / (link.beta_Bps * eff)
+        if self.pairs is not None:  # each pair's hop and wire seconds come from the pairs
+            w[C_ALPHA] = w[C_WIRE] = 1.0
         return w
 
     def timing(self, costs: PlanCosts, algorithm: str, world: int, codec: str, nbytes: int) -> Timing:
@@ -558,17 +621,27 @@ class Model:
         if costs.steps == 0:
             return Timing(0.0, np.zeros(_PARTS), 0.0)
         fragment = self.segment_bytes / 4 if self.fragment_bytes is None else self.fragment_bytes
-        path_t, path = critical_path(costs, self.weights(algorithm, world, codec, nbytes), fragment)
+        weights = self.weights(algorithm, world, codec, nbytes)
+        path_t, path = critical_path(costs, weights, fragment, self.pairs)
         extra = 0.0
         if codec != "none" and self.device.codec_step_s:
             extra = self.device.codec_step_s * costs.steps
         return Timing(path_t + extra, path, extra)
 
     # ---- choices: "which is predicted fastest" (pycoll.auto decides when "auto" asks, and what overrides) --
-    def candidates(self, collective: str) -> tuple[str, ...]:
-        # hierarchical depends on how ranks sit on hosts, which the model does not know: chosen by name only
-        skip = ("dissemination", "hierarchical")
+    def candidates(self, collective: str, world: int = 0) -> tuple[str, ...]:
+        """The algorithms ``choose_algorithm`` compares. hierarchical depends on how ranks sit on hosts:
+        a candidate only where the model knows it (``local_size``) and ``world`` spans several hosts."""
+        skip = ["dissemination"]
+        if not (1 < self.local_size < world and world % self.local_size == 0):
+            skip.append("hierarchical")
         return tuple(a for a in ALGORITHMS[collective] if a not in skip) or ALGORITHMS[collective]
+
+    def codec_algorithms(self, world: int) -> tuple[str, ...]:
+        """The algorithms a compressed all-reduce is compared with: CODEC_ALGORITHMS, and hierarchical
+        where it is a candidate (the codec only between hosts)."""
+        extra = ("hierarchical",) if "hierarchical" in self.candidates("allreduce", world) else ()
+        return CODEC_ALGORITHMS + extra
 
     def choose_algorithm(
         self, collective: str, world: int, nbytes: int, *, itemsize: int = 4, codec: object = None
@@ -584,7 +657,8 @@ class Model:
     def _choose_algorithm(
         self, collective: str, world: int, nbytes: int, itemsize: int, codec: object
     ) -> str:
-        names = CODEC_ALGORITHMS if codec_layout(codec)[0] != "none" else self.candidates(collective)
+        compressed = codec_layout(codec)[0] != "none"
+        names = self.codec_algorithms(world) if compressed else self.candidates(collective, world)
         if len(names) == 1 or world == 1:
             return names[0]
         return min(
@@ -612,7 +686,7 @@ class Model:
         if world == 1:
             return best
         for name in codecs:
-            for algorithm in CODEC_ALGORITHMS:
+            for algorithm in self.codec_algorithms(world):
                 p = self.predict("allreduce", algorithm, world, nbytes, codec=name)
                 if p.error <= error_budget and p.time_s < best_time:
                     best, best_time = (name, algorithm), p.time_s

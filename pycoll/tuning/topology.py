@@ -1,0 +1,353 @@
+"""Topologies of GPU machines for the cost model: nodes of GPUs, the links inside a node and between nodes.
+
+The parts, named as the code names them:
+
+    node         ``gpus_per_node`` GPUs joined by the ``intra`` link class (an ``nvlink`` or ``pcie`` class
+                 of pycoll.tuning.links); ranks are numbered node by node, one per GPU.
+    p2p          whether a node's GPUs reach each other's memory directly (peer-to-peer). Without it (PCIe
+                 only: consumer cards, virtual machines, GPUs under different CPU sockets) every message
+                 is staged through host memory: written there over the sender's PCIe link and read back
+                 over the receiver's, at ``STAGED_SHARE`` of the P2P rate, and with a hop more.
+    NIC          ``nics_per_node`` ports of the ``inter`` class (``ib``, ``roce`` or ``tcp``) per node. A
+                 node's ports are shared by its GPUs: ``nic_Bps`` is what a node sends (and receives) at once,
+                 ``nic_Bps / gpus_per_node`` a GPU's share when all of them use the network at the same time.
+    gpu          the device at each end (pycoll.tuning.links.DEVICES): its memory bandwidth prices the
+                 copies, reductions and codecs. By default the one the intra class names.
+
+``Topology.model`` is pycoll's model on it: the cost model (pycoll.tuning.model) runs pycoll's plans with
+``PairLinks`` — a pair of GPUs in one node talks over the intra class, a pair in different nodes over a
+GPU's share of its node's NICs, and a rank's NVLink/PCIe and NIC traffic flow at the same time (two
+ports) — with GPU messages as large as pycoll's GPU path sends them (``GPU_SEGMENT_BYTES``, whole: a
+step of the GPU path is an NCCL group and a kernel, which do not overlap within a message).
+``pycoll.tuning.nccl`` predicts NCCL's own all-reduce on the same topology, the baseline; ``TopologyModel``
+puts the two side by side and chooses.
+
+A user describes link classes not listed in a small JSON (or, with Python 3.11+, TOML) file
+(``load_links``)::
+
+    {"links": [{"name": "eth50", "kind": "roce", "rate_gbps": 50, "latency_us": 6,
+                "description": "50 GbE RoCE", "source": "our switch's datasheet"}]}
+
+``rate_gbps`` (Gbit/s) or ``rate_GBps`` (GB/s) is the raw rate per direction of one port or one GPU's
+link; ``efficiency`` (default: the family's, pycoll.tuning.links.EFFICIENCY) the share a bulk transfer
+attains; ``gpu`` (default h100) the device at its ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pycoll.tuning.links import DEVICES, EFFICIENCY, KINDS, LINKS, DeviceProfile, LinkProfile, link_named
+from pycoll.tuning.model import AUTO_CODECS, Model, PairLinks, Prediction
+
+__all__ = [
+    "GPU_SEGMENT_BYTES",
+    "INTRA_KINDS",
+    "INTER_KINDS",
+    "STAGED_SHARE",
+    "Topology",
+    "TopologyModel",
+    "link_from_entry",
+    "load_links",
+]
+
+#: Largest message of a plan on GPUs (pycoll/gpu.py cuts plans so; the model prices them so). NCCL moves
+#: messages of any size; smaller ones only help where a fused op can forward a piece while the next
+#: arrives (tree), at the cost of a kernel launch each.
+GPU_SEGMENT_BYTES = 16 << 20
+INTRA_KINDS = ("nvlink", "pcie")
+INTER_KINDS = ("ib", "roce", "tcp")
+#: Share of the P2P rate a PCIe GPU attains when its messages are staged through host memory (no P2P):
+#: every byte crosses PCIe twice and host memory twice, written by one GPU and read by another. Set by
+#: one published figure, 8 RTX 4090s on PCIe Gen4 without P2P: 14.85 GB/s busbw at 64 MiB against
+#: 25.2 with P2P in this model (blog.chlc.cc/p/rtx4090-gpudirect-p2p-unlocked; docs/tuning.md,
+#: "Validation against published NCCL figures").
+STAGED_SHARE = 0.59
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A machine: ``nodes`` nodes of ``gpus_per_node`` GPUs (see the module docstring)."""
+
+    nodes: int
+    gpus_per_node: int
+    intra: LinkProfile
+    inter: LinkProfile | None = None
+    nics_per_node: int = 1
+    p2p: bool = True
+    gpu: DeviceProfile = field(default_factory=lambda: DEVICES["h100"])
+
+    @classmethod
+    def describe(
+        cls,
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        intra: str = "nvlink4",
+        inter: str | None = None,
+        nics_per_node: int = 1,
+        p2p: bool = True,
+        gpu: str | None = None,
+        links: dict[str, LinkProfile] | None = None,
+    ) -> Topology:
+        """The topology named by link-class names (LINKS, or ``links``: a user's, ``load_links``).
+        Raises ValueError naming what is wrong."""
+        if nodes < 1 or gpus_per_node < 1 or nics_per_node < 1:
+            raise ValueError(
+                "need nodes, GPUs per node and NICs per node >= 1, "
+                f"got {nodes}, {gpus_per_node}, {nics_per_node}"
+            )
+        intra_link = _of_kind(intra, INTRA_KINDS, "the link inside a node joins GPUs", links)
+        if not p2p and intra_link.kind != "pcie":
+            raise ValueError(f"NVLink is peer-to-peer; p2p=no applies to PCIe classes only, not {intra!r}")
+        inter_link = None
+        if nodes > 1:
+            if inter is None:
+                names = ", ".join(_names(INTER_KINDS, links))
+                raise ValueError(f"{nodes} nodes need the link between them (inter: {names})")
+            inter_link = _of_kind(inter, INTER_KINDS, "the link between nodes is a NIC", links)
+        device_name = (gpu or intra_link.device).lower()
+        device = DEVICES.get(device_name)
+        if device is None or device.workers is not None:
+            gpus = [name for name, d in DEVICES.items() if d.workers is None]
+            raise ValueError(f"unknown GPU {gpu!r}; choose one of {', '.join(gpus)}")
+        return cls(nodes, gpus_per_node, intra_link, inter_link, nics_per_node, p2p, device)
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def label(self) -> str:
+        """``2x8 nvlink3 + 4x ib_hdr``, ``1x8 pcie4 no-p2p``."""
+        text = f"{self.nodes}x{self.gpus_per_node} {self.intra.name}{'' if self.p2p else ' no-p2p'}"
+        if self.inter is not None:
+            text += f" + {self.nics_per_node}x {self.inter.name}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "intra": self.intra.name,
+            "inter": None if self.inter is None else self.inter.name,
+            "nics_per_node": self.nics_per_node,
+            "p2p": self.p2p,
+            "gpu": self.gpu.name,
+        }
+
+    # ---- rates ---------------------------------------------------------------------------------------
+    @property
+    def intra_Bps(self) -> float:
+        """Bytes per second a GPU sends to the others of its node (and receives at once)."""
+        beta = float(self.intra.beta_Bps or 0.0)
+        return beta if self.p2p else beta * STAGED_SHARE
+
+    @property
+    def intra_alpha_s(self) -> float:
+        """One hop inside a node; staged through host memory it is two."""
+        return self.intra.alpha_s * (1 if self.p2p else 2)
+
+    @property
+    def nic_Bps(self) -> float:
+        """Bytes per second a node sends to the others (and receives at once), all its NICs together."""
+        if self.inter is None:
+            return math.inf
+        return self.nics_per_node * float(self.inter.beta_Bps or 0.0)
+
+    @property
+    def inter_alpha_s(self) -> float:
+        return math.inf if self.inter is None else self.inter.alpha_s
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def pairs(self) -> PairLinks:
+        """The links between every pair of ranks (GPUs numbered node by node) for pycoll's plans."""
+        nodes = np.arange(self.world) // self.gpus_per_node
+        same = nodes[:, None] == nodes[None, :]
+        share = self.nic_Bps / self.gpus_per_node if self.inter is not None else 1.0
+        wire = np.where(same, 1.0 / max(self.intra_Bps, 1e-300), 1.0 / share)
+        alpha = np.where(same, self.intra_alpha_s, self.inter_alpha_s if self.inter is not None else 0.0)
+        port = np.where(same, 0, 1).astype(np.int64)
+        return PairLinks(alpha, wire, port)
+
+    def model(self) -> Model:
+        """pycoll's cost model on this topology (module docstring)."""
+        return Model(
+            self.intra,
+            self.gpu,
+            segment_bytes=GPU_SEGMENT_BYTES,
+            fragment_bytes=GPU_SEGMENT_BYTES,
+            origin=f"topology {self.label}",
+            local_size=self.gpus_per_node,
+            pairs=self.pairs(),
+        )
+
+
+def _of_kind(
+    name: str, kinds: tuple[str, ...], what: str, extra: dict[str, LinkProfile] | None
+) -> LinkProfile:
+    """Link class ``name``, which must be of one of ``kinds``."""
+    link = link_named(name, extra)
+    if link.kind not in kinds:
+        raise ValueError(
+            f"{what}: an {' or '.join(kinds)} class ({', '.join(_names(kinds, extra))}), "
+            f"not {name!r} ({link.kind or 'no kind'})"
+        )
+    return link
+
+
+def _names(kinds: tuple[str, ...], extra: dict[str, LinkProfile] | None) -> list[str]:
+    links = {**LINKS, **(extra or {})}
+    return [name for name, link in links.items() if link.kind in kinds]
+
+
+class TopologyModel:
+    """pycoll's plans and NCCL's all-reduce on one topology, side by side; ``choose_compression`` is what
+    ``compression="auto"`` runs on GPUs (never predicted slower than NCCL: NCCL is a candidate)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.model = topology.model()
+        self._choices: dict[tuple, tuple[str, str]] = {}
+
+    def algorithms(self) -> tuple[str, ...]:
+        """Every all-reduce this topology's predictions compare: NCCL's, then pycoll's."""
+        from pycoll.tuning.nccl import nccl_algorithms
+
+        return nccl_algorithms(self.topology) + self.model.candidates("allreduce", self.topology.world)
+
+    def codec_algorithms(self) -> tuple[str, ...]:
+        return self.model.codec_algorithms(self.topology.world)
+
+    def predict(self, algorithm: str, nbytes: int, codec: object = None) -> Prediction:
+        """The all-reduce of ``nbytes`` of float32 by ``algorithm`` (``nccl-ring``, ``nccl-tree`` or one
+        of pycoll's) with ``codec`` (pycoll's only)."""
+        if algorithm.startswith("nccl"):
+            if codec not in (None, "none"):
+                raise ValueError(f"{algorithm} does not compress")
+            from pycoll.tuning.nccl import nccl_allreduce
+
+            return nccl_allreduce(self.topology, algorithm, nbytes)
+        if codec not in (None, "none") and algorithm not in self.codec_algorithms():
+            raise ValueError(
+                f"compressed all-reduce runs {', '.join(self.codec_algorithms())}, not {algorithm}"
+            )
+        return self.model.predict("allreduce", algorithm, self.topology.world, nbytes, codec=codec)
+
+    def nccl(self, nbytes: int) -> Prediction:
+        """NCCL's all-reduce as NCCL would run it: its fastest algorithm (its tuner picks by a model of
+        the same kind)."""
+        from pycoll.tuning.nccl import nccl_algorithms
+
+        return min((self.predict(a, nbytes) for a in nccl_algorithms(self.topology)), key=lambda p: p.time_s)
+
+    def best_compressed(self, nbytes: int, codec: str) -> Prediction:
+        """pycoll's fastest algorithm for ``codec``."""
+        return min((self.predict(a, nbytes, codec) for a in self.codec_algorithms()), key=lambda p: p.time_s)
+
+    def choose_compression(
+        self, nbytes: int, *, error_budget: float, codecs: tuple[str, ...] = AUTO_CODECS
+    ) -> tuple[str, str]:
+        """(codec or "none", algorithm: "nccl" when uncompressed) predicted fastest for an all-reduce of
+        ``nbytes`` of float32, among NCCL's own and pycoll's compressed ones whose expected error fits
+        ``error_budget``. A codec must beat NCCL's predicted time to be chosen."""
+        key = (nbytes, error_budget, tuple(codecs))
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = ("none", "nccl")
+            best = self.nccl(nbytes).time_s
+            if self.topology.world > 1:
+                for name in codecs:
+                    for algorithm in self.codec_algorithms():
+                        p = self.predict(algorithm, nbytes, name)
+                        if p.error <= error_budget and p.time_s < best:
+                            choice, best = (name, algorithm), p.time_s
+            self._choices[key] = choice
+        return choice
+
+
+def load_links(path: str | Path) -> dict[str, LinkProfile]:
+    """A user's link classes from a JSON (or TOML, Python 3.11+) file (module docstring); ValueError
+    naming the file and the entry when one is malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read the link file {path}: {exc.strerror or exc}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            try:
+                import tomllib
+            except ImportError:
+                raise ValueError(f"{path}: TOML link files need Python 3.11+; write it as JSON") from None
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid {path.suffix.lstrip('.').upper() or 'JSON'}: {exc}") from None
+    entries = data.get("links") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a list of link classes under 'links'")
+    return dict(link_from_entry(entry, f"{path}: links[{i}]") for i, entry in enumerate(entries))
+
+
+_LINK_KEYS = {
+    "name",
+    "kind",
+    "rate_gbps",
+    "rate_GBps",
+    "latency_us",
+    "efficiency",
+    "gpu",
+    "description",
+    "source",
+}
+
+
+def link_from_entry(entry: Any, where: str) -> tuple[str, LinkProfile]:
+    """(name, profile) of one user link class (a table of the module docstring's keys); ValueError
+    starting with ``where`` when it is malformed."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a table of name, kind, rate_gbps, latency_us")
+    unknown = set(entry) - _LINK_KEYS
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_LINK_KEYS))})"
+        )
+    name = str(entry.get("name", "")).strip().lower()
+    kind = str(entry.get("kind", "")).strip().lower()
+    if not name:
+        raise ValueError(f"{where} needs a name")
+    if kind not in KINDS or kind == "shm":
+        raise ValueError(f"{where} ({name}): kind must be one of {', '.join(k for k in KINDS if k != 'shm')}")
+    if ("rate_gbps" in entry) == ("rate_GBps" in entry):
+        raise ValueError(f"{where} ({name}) needs one of rate_gbps (Gbit/s) or rate_GBps (GB/s)")
+    try:
+        raw = float(entry["rate_gbps"]) / 8 if "rate_gbps" in entry else float(entry["rate_GBps"])
+        latency = float(entry.get("latency_us", 5.0))
+        efficiency = float(entry.get("efficiency", EFFICIENCY[kind]))
+    except (TypeError, ValueError):
+        raise ValueError(f"{where} ({name}): rate, latency_us and efficiency must be numbers") from None
+    if not (raw > 0 and latency >= 0 and 0 < efficiency <= 1):
+        raise ValueError(f"{where} ({name}): need rate > 0, latency_us >= 0 and 0 < efficiency <= 1")
+    gpu = str(entry.get("gpu", "h100")).lower()
+    if gpu not in DEVICES or DEVICES[gpu].workers is not None:
+        raise ValueError(f"{where} ({name}): unknown gpu {gpu!r}")
+    link = LinkProfile(
+        name,
+        str(entry.get("description", f"{name} ({kind}, user-defined)")),
+        latency * 1e-6,
+        raw * efficiency * 1e9,
+        gpu,
+        {},
+        str(entry.get("source", f"user-defined ({where})")),
+        kind=kind,
+    )
+    return name, link
