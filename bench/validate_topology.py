@@ -161,12 +161,19 @@ def break_even(spec: dict[str, Any], nbytes: int, codec: str) -> float | None:
     return high
 
 
+def _share(share: float | None) -> str:
+    if share is None:
+        return "never"
+    return "<1%" if share < 0.01 else f"{share:.0%}"
+
+
 def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
     lines = [
-        "| machine | size | NCCL busbw GB/s (algorithm) | best fp16 | best int8 | best int4 | "
+        "| machine | size | NCCL busbw GB/s (algorithm) | pycoll uncompressed "
+        "| best fp16 | best int8 | best int4 | "
         + " | ".join(f"auto, budget {b:g}" for b in budgets)
         + " |",
-        "|---|---:|---:|---:|---:|---:|" + "---|" * len(budgets),
+        "|---|---:|---:|---:|---:|---:|---:|" + "---|" * len(budgets),
     ]
     summary = []
     for label, spec in MACHINES:
@@ -174,7 +181,11 @@ def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
         first: dict[str, int | None] = {"fp16": None, "int8": None, "int4": None}
         for nbytes in SIZES:
             nccl = model.nccl(nbytes)
-            cells = []
+            plain = min(
+                (model.predict(a, nbytes) for a in model.algorithms() if not a.startswith("nccl")),
+                key=lambda p: p.time_s,
+            )
+            cells = [f"{nccl.time_s / plain.time_s:.2f}x ({plain.algorithm})"]
             for codec in ("fp16", "int8", "int4"):
                 best = model.best_compressed(nbytes, codec)
                 gain = nccl.time_s / best.time_s
@@ -200,7 +211,7 @@ def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
         summary.append(
             f"| {label} | "
             + " | ".join("never" if first[c] is None else f"from {format_size(first[c])}" for c in first)
-            + f" | {'never' if even is None else f'{even:.0%}'} |"
+            + f" | {_share(even)} |"
         )
     lines += [
         "",
