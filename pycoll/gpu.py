@@ -33,7 +33,7 @@ from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
-from pycoll.tuning.topology import GPU_SEGMENT_BYTES
+from pycoll.tuning.links import GPU_SEGMENT_BYTES
 from pycoll.work import Work
 
 if TYPE_CHECKING:

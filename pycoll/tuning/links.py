@@ -163,6 +163,11 @@ class DeviceProfile:
         return cls(**fields)
 
 
+#: Largest message of a plan on GPUs (pycoll/gpu.py cuts plans so; the model prices them so, whole: a
+#: step of the GPU path is an NCCL group and a kernel, which do not overlap within a message). NCCL moves
+#: messages of any size; smaller ones only help where a fused op can forward a piece while the next
+#: arrives (tree), at the cost of a kernel launch each.
+GPU_SEGMENT_BYTES = 16 << 20
 #: Bytes of an encoded element per float32 element, for the codecs' memory traffic on GPUs.
 _WIRE_BYTES = {"fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 #: Share of HBM bandwidth the GPU's copies / codec kernels attain (stated assumptions, not measured).

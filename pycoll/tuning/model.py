@@ -48,7 +48,7 @@ import numpy as np
 from pycoll.algorithms import ALGORITHMS, build_plan
 from pycoll.algorithms.compressed import build_compressed_plan
 from pycoll.algorithms.plan import Buf, Op, OpKind, Plan
-from pycoll.tuning.links import DeviceProfile, LinkProfile, device_for, link_named
+from pycoll.tuning.links import GPU_SEGMENT_BYTES, DeviceProfile, LinkProfile, device_for, link_named
 
 __all__ = [
     "CODEC_ALGORITHMS",
@@ -518,10 +518,15 @@ class Model:
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def for_link(cls, name: str, *, workers: int | None = None, segment_bytes: int = 512 * 1024) -> Model:
-        """The default model of link class ``name`` (``pycoll.tuning.links.LINKS``)."""
+    def for_link(cls, name: str, *, workers: int | None = None, segment_bytes: int | None = None) -> Model:
+        """The default model of link class ``name`` (``pycoll.tuning.links.LINKS``). Messages: as
+        ``segment_bytes`` says, else as the transport cuts them (on GPUs whole ``GPU_SEGMENT_BYTES``,
+        on CPUs 512 KiB in fragments of a quarter)."""
         link = link_named(name)
-        return cls(link, device_for(link, workers), segment_bytes)
+        device = device_for(link, workers)
+        if segment_bytes is None and device.workers is None:
+            return cls(link, device, GPU_SEGMENT_BYTES, GPU_SEGMENT_BYTES)
+        return cls(link, device, 512 * 1024 if segment_bytes is None else segment_bytes)
 
     # ---- predictions ---------------------------------------------------------------------------------
     def predict(

@@ -43,11 +43,19 @@ from typing import Any
 
 import numpy as np
 
-from pycoll.tuning.links import DEVICES, EFFICIENCY, KINDS, LINKS, DeviceProfile, LinkProfile, link_named
+from pycoll.tuning.links import (
+    DEVICES,
+    EFFICIENCY,
+    GPU_SEGMENT_BYTES,
+    KINDS,
+    LINKS,
+    DeviceProfile,
+    LinkProfile,
+    link_named,
+)
 from pycoll.tuning.model import AUTO_CODECS, Model, PairLinks, Prediction
 
 __all__ = [
-    "GPU_SEGMENT_BYTES",
     "INTRA_KINDS",
     "INTER_KINDS",
     "STAGED_SHARE",
@@ -57,10 +65,6 @@ __all__ = [
     "load_links",
 ]
 
-#: Largest message of a plan on GPUs (pycoll/gpu.py cuts plans so; the model prices them so). NCCL moves
-#: messages of any size; smaller ones only help where a fused op can forward a piece while the next
-#: arrives (tree), at the cost of a kernel launch each.
-GPU_SEGMENT_BYTES = 16 << 20
 INTRA_KINDS = ("nvlink", "pcie")
 INTER_KINDS = ("ib", "roce", "tcp")
 #: Share of the P2P rate a PCIe GPU attains when its messages are staged through host memory (no P2P):

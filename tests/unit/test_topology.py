@@ -19,9 +19,10 @@ from pycoll.cli.main import main
 from pycoll.env import Settings, topology_setting
 from pycoll.errors import InvalidUsageError
 from pycoll.tuning import LINKS, DeviceProfile, LinkProfile, Model
+from pycoll.tuning.links import GPU_SEGMENT_BYTES
 from pycoll.tuning.model import plan_costs
 from pycoll.tuning.nccl import BASE_US, HOP_US, NVLS_EFFICIENCY, nccl_allreduce, nccl_time, nvls_time
-from pycoll.tuning.topology import GPU_SEGMENT_BYTES, Topology, TopologyModel, load_links
+from pycoll.tuning.topology import Topology, TopologyModel, load_links
 
 MiB = 1 << 20
 
