@@ -395,6 +395,8 @@ def _allreduce(
     gpu = _on_gpu(buf)
     if isinstance(compression, str) and compression.lower() == "auto":
         codec, auto_algorithm = auto.compression(c, residual, buf, op, error_budget, gpu)
+        if algorithm == "nccl":  # NCCL's own all-reduce was asked for, which does not compress
+            codec = None
         res = None
     else:
         if error_budget is not None:
@@ -402,6 +404,8 @@ def _allreduce(
         codec, res = _compression(c, compression, residual, buf, op)
     if codec is not None and algorithm == "auto":
         algo = auto_algorithm or auto_compressed_algorithm(c)
+    elif auto_algorithm is not None and algorithm == "auto":  # compression="auto" chose no codec on GPUs
+        algo = auto_algorithm
     else:
         algo = auto.algorithm(c, "allreduce", algorithm, buf.nbytes, buf.itemsize, gpu)
     if codec is not None and algo == "nccl":

@@ -13,7 +13,8 @@
 | ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,  |
 |                                                          |                              | pycoll.bench |
 | which codec and algorithm run ``compression="auto"``?    | ``compression``              | pycoll.api   |
-| ... and on GPU memory: which machine is it?              | ``gpu_topology``             | Communicator |
+| ... and on GPU memory: which machine is it?              | ``gpu_topology``,            | Communicator |
+|                                                          | ``gpu_topology_setting``     |              |
 
 The cost model (:class:`pycoll.tuning.model.Model`) only predicts: it answers "which of these is
 predicted fastest" (``choose_algorithm``, ``choose_compression``, remembered per model); this module
@@ -40,6 +41,7 @@ from pycoll.env import (
     fitted_slot_bytes,
 )
 from pycoll.errors import InvalidUsageError
+from pycoll.tuning.links import LinkProfile
 from pycoll.tuning.model import Model
 from pycoll.tuning.topology import Topology, TopologyModel, load_links
 
@@ -54,6 +56,7 @@ __all__ = [
     "compression",
     "default_model",
     "gpu_topology",
+    "gpu_topology_setting",
     "ranks_per_host",
     "ring_shape",
     "spans_equal_hosts",
@@ -160,18 +163,35 @@ def default_model(transport: str, *, workers: int, segment_bytes: int, fragment_
 DEFAULT_GPU_TOPOLOGY = {"intra": "nvlink4", "inter": "ib_ndr"}
 
 
-def gpu_topology(setting: Mapping[str, str], hosts: Sequence[str]) -> TopologyModel | None:
+def gpu_topology_setting(setting: Mapping[str, str]) -> dict[str, Any]:
+    """What rank 0 hands every rank for ``gpu_topology``: PYCOLL_TOPOLOGY (``setting``) with the link
+    classes of its ``links=`` file already read, so that no rank reads a file of its own (one that is
+    missing or differs on another host), or the error reading it, which every rank then raises alike."""
+    spec = dict(setting)
+    if "links" not in spec:
+        return {"spec": spec}
+    try:
+        links = load_links(spec.pop("links"))
+    except ValueError as exc:
+        return {"error": f"PYCOLL_TOPOLOGY: {exc}"}
+    return {"spec": spec, "links": {name: link.to_dict() for name, link in links.items()}}
+
+
+def gpu_topology(setting: Mapping[str, Any], hosts: Sequence[str]) -> TopologyModel | None:
     """The cost model of the GPU machine the ranks run on, for ``compression="auto"`` on GPU memory:
     nodes and GPUs per node from the host list (ranks numbered host by host, one per GPU), the links from
-    PYCOLL_TOPOLOGY (``setting``, rank 0's) or DEFAULT_GPU_TOPOLOGY (NICs: one per GPU). None where the
-    hosts hold unequal numbers of ranks: no codec is chosen there (NCCL's own all-reduce runs)."""
+    PYCOLL_TOPOLOGY as rank 0 read it (``setting``: ``gpu_topology_setting``) over DEFAULT_GPU_TOPOLOGY
+    (NICs: one per GPU). None where the hosts hold unequal numbers of ranks: no codec is chosen there
+    (NCCL's own all-reduce runs)."""
+    if "error" in setting:
+        raise InvalidUsageError(setting["error"])
     per_host = ranks_per_host(hosts)
     if per_host is None:
         return None
     nodes = len(hosts) // per_host
-    spec = {**DEFAULT_GPU_TOPOLOGY, **setting}
+    spec = {**DEFAULT_GPU_TOPOLOGY, **setting.get("spec", {})}
+    links = {name: LinkProfile.from_dict(data) for name, data in setting.get("links", {}).items()}
     try:
-        links = load_links(spec["links"]) if "links" in spec else None
         topology = Topology.describe(
             nodes=nodes,
             gpus_per_node=per_host,
@@ -225,9 +245,10 @@ def compression(
     comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None, gpu: bool = False
 ) -> tuple[Codec | None, str | None]:
     """``compression="auto"``: the codec (or None) and algorithm the cost model predicts fastest within
-    the error budget; no codec for data or operators compression does not support. On GPU memory the
-    model is the GPU machine's (``gpu_topology``), and NCCL's own all-reduce is a candidate: a codec is
-    chosen only where pycoll's compressed all-reduce is predicted faster than NCCL."""
+    the error budget; no codec for data or operators compression does not support. The algorithm is None
+    where ``algorithm="auto"`` decides (no codec, on host memory). On GPU memory the model is the GPU
+    machine's (``gpu_topology``) and NCCL's own all-reduce ("nccl") a candidate: pycoll's all-reduce,
+    compressed or not, runs only where it is predicted faster than NCCL."""
     budget = DEFAULT_ERROR_BUDGET if error_budget is None else error_budget
     if not budget >= 0:
         raise InvalidUsageError(f"error_budget must be a relative error >= 0, got {error_budget}")
@@ -243,6 +264,8 @@ def compression(
         if machine is None:
             return None, None
         name, chosen = machine.choose_compression(f32_bytes, error_budget=budget)
+        if name == "none":
+            return None, chosen
     else:
         name, chosen = comm.model.choose_compression(comm.world_size, f32_bytes, error_budget=budget)
     if name == "none":

@@ -266,7 +266,7 @@ class Communicator:
         self._store.add("past_setup", 1)
         self.segment_bytes = int(self._native.segment_bytes)
         self.fragment_bytes = int(self._native.fragment_bytes)
-        self._gpu_topology_setting: dict[str, str] = {}  # PYCOLL_TOPOLOGY, rank 0's (_agree_on_model)
+        self._gpu_topology_setting: dict[str, Any] = {}  # PYCOLL_TOPOLOGY, rank 0's (_agree_on_model)
         self.model = self._agree_on_model(timeout)
         self._skew = SkewTracker(self)
         self._skew.sync_clocks(clock_domain(boot_id(), round(settings.fake_clock_offset_s * 1e9)), timeout)
@@ -351,7 +351,7 @@ class Communicator:
                     segment_bytes=self.segment_bytes,
                     fragment_bytes=self.fragment_bytes,
                 )
-            self._gpu_topology_setting = dict(self.settings.gpu_topology)
+            self._gpu_topology_setting = auto.gpu_topology_setting(self.settings.gpu_topology)
             self._store.set("gpu-topology", json.dumps(self._gpu_topology_setting).encode())
             self._store.set("tuning", json.dumps(model_to_dict(model)).encode())
             return model

@@ -230,19 +230,22 @@ TOPOLOGY_KEYS = ("intra", "inter", "nics", "p2p", "gpu", "links")
 
 def topology_setting(raw: str) -> dict[str, str]:
     """PYCOLL_TOPOLOGY (``intra=nvlink3,inter=ib_hdr,nics=4``) as a dict; InvalidUsageError naming the
-    part that is not ``key=value`` with a known key, a count of NICs or a yes / no."""
+    part that is not ``key=value`` with a known key (once), a count of NICs or a yes / no. A ``links``
+    file's path cannot hold a comma."""
     spec: dict[str, str] = {}
     for part in (p.strip() for p in raw.split(",")):
         if not part:
             continue
         key, sep, value = (x.strip() for x in part.partition("="))
         key = key.lower()
+        if key in spec:
+            raise InvalidUsageError(f"PYCOLL_TOPOLOGY sets {key} twice ({raw!r})")
         if not sep or key not in TOPOLOGY_KEYS or not value:
             raise InvalidUsageError(
                 f"PYCOLL_TOPOLOGY takes key=value pairs separated by commas, keys {', '.join(TOPOLOGY_KEYS)} "
                 f"(e.g. intra=nvlink3,inter=ib_hdr,nics=4); got {part!r}"
             )
-        if key == "nics" and not (value.isdigit() and int(value) >= 1):
+        if key == "nics" and not (value.isascii() and value.isdigit() and int(value) >= 1):
             raise InvalidUsageError(f"PYCOLL_TOPOLOGY: nics must be a count >= 1, got {value!r}")
         if key == "p2p" and value.lower() not in ("yes", "no"):
             raise InvalidUsageError(f"PYCOLL_TOPOLOGY: p2p must be yes or no, got {value!r}")

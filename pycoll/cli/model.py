@@ -14,7 +14,7 @@ nccl-tests' definition) of every algorithm and of every codec (with its best alg
 ``auto`` picks; with several links a last table puts auto's predictions side by side.
 
 A machine (``--nodes``, ``--gpus-per-node``, ``--intra``, ``--inter``, ``--nics-per-node``, ``--p2p``;
-pycoll.tuning.topology): per size, NCCL's own ring and tree (pycoll.tuning.nccl, the baseline) and
+pycoll.tuning.topology): per size, NCCL's own ring, tree and NVLS (pycoll.tuning.nccl, the baseline) and
 pycoll's ring, tree, direct and hierarchical, uncompressed and with each codec, as time, algbw and
 busbw; then what ``compression="auto"`` runs on GPUs there (within ``--error-budget``, default the
 library's) against NCCL. ``--json FILE`` writes one JSON line per prediction; ``--plot FILE.png`` draws
@@ -75,7 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     machine.add_argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (8)")
     machine.add_argument("--intra", default=None, metavar="LINK", help="link between a node's GPUs (nvlink4)")
     machine.add_argument("--inter", default=None, metavar="LINK", help="NIC class between nodes")
-    machine.add_argument("--nics-per-node", type=int, default=None, metavar="K", help="NICs per node (1)")
+    machine.add_argument(
+        "--nics-per-node", type=int, default=None, metavar="K", help="NICs per node (default: one per GPU)"
+    )
     machine.add_argument("--p2p", choices=("yes", "no"), default=None, help="PCIe peer-to-peer (yes)")
     machine.add_argument(
         "--gpu", default=None, help="GPU model (a100, h100, h200, b200; default: the intra link's)"
@@ -93,7 +95,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _model(name: str, ranks: int) -> Any:
+def _model(name: str, ranks: int, extra: dict[str, Any]) -> Any:
     from pycoll.tuning import Model
     from pycoll.tuning.persist import load_model, shm_fragment_bytes, shm_segment_bytes
 
@@ -103,7 +105,7 @@ def _model(name: str, ranks: int) -> Any:
         if calibrated is not None:
             return calibrated
         return replace(Model.for_link("shm", segment_bytes=segment), fragment_bytes=fragment)
-    return Model.for_link(name)
+    return Model.for_link(name, links=extra)
 
 
 def _list_links(extra: dict[str, Any]) -> str:
@@ -146,18 +148,18 @@ def main(args: argparse.Namespace) -> int:
     machine = (args.nodes, args.gpus_per_node, args.intra, args.inter, args.nics_per_node, args.p2p, args.gpu)
     if any(x is not None for x in machine):
         return _main_topology(args, extra)
-    return _main_links(args)
+    return _main_links(args, extra)
 
 
-def _main_links(args: argparse.Namespace) -> int:
+def _main_links(args: argparse.Namespace, extra: dict[str, Any]) -> int:
     from pycoll.tuning import LINKS
     from pycoll.tuning.model import CODEC_ALGORITHMS
 
     links = [name.strip().lower() for name in args.link.split(",") if name.strip()]
-    bad = [name for name in links if name not in LINKS]
+    bad = [name for name in links if name not in LINKS and name not in extra]
     codecs = _codecs(args.compression, "none")
     if bad or not links:
-        return _fail(f"unknown link {', '.join(bad)} (choose from {', '.join(LINKS)})")
+        return _fail(f"unknown link {', '.join(bad)} (choose from {', '.join([*LINKS, *extra])})")
     if isinstance(codecs, str):
         return _fail(codecs)
     if args.ranks < 1:
@@ -168,7 +170,7 @@ def _main_links(args: argparse.Namespace) -> int:
     auto_rows: dict[str, list[tuple[int, str, float]]] = {}
     series: dict[str, list[tuple[int, float]]] = {}
     for name in links:
-        model = _model(name, args.ranks)
+        model = _model(name, args.ranks, extra)
         header = [f"{'size':>9}"] + [f"{a:>8}" for a in algorithms] + [f"{c:>14}" for c in codecs]
         header += [f"{'auto':>20}", f"{'time':>10}"]
         print(
@@ -258,13 +260,17 @@ def _main_topology(args: argparse.Namespace, extra: dict[str, Any]) -> int:
     codecs = _codecs(args.compression, "fp16,bf16,int8,int4")
     if isinstance(codecs, str):
         return _fail(codecs)
+    nodes = 1 if args.nodes is None else args.nodes
+    gpus = 8 if args.gpus_per_node is None else args.gpus_per_node
+    if nodes == 1 and (args.inter is not None or args.nics_per_node is not None):
+        return _fail("--inter and --nics-per-node describe the links between nodes: give --nodes 2 or more")
     try:
         topology = Topology.describe(
-            nodes=1 if args.nodes is None else args.nodes,
-            gpus_per_node=8 if args.gpus_per_node is None else args.gpus_per_node,
+            nodes=nodes,
+            gpus_per_node=gpus,
             intra=args.intra or "nvlink4",
             inter=args.inter,
-            nics_per_node=1 if args.nics_per_node is None else args.nics_per_node,
+            nics_per_node=gpus if args.nics_per_node is None else args.nics_per_node,
             p2p=args.p2p != "no",
             gpu=args.gpu,
             links=extra,
@@ -278,9 +284,13 @@ def _main_topology(args: argparse.Namespace, extra: dict[str, Any]) -> int:
     series: dict[str, list[tuple[int, float]]] = {}
     print(
         f"# {topology.label}: {topology.world} GPUs ({topology.gpu.name}); predicted all-reduce of float32, "
-        f"busbw GB/s per codec (time of the uncompressed call); codecs on pycoll's algorithms only"
+        "busbw GB/s per codec, and the uncompressed call's algbw and time (codecs: pycoll's algorithms only)"
     )
-    print(f"{'size':>9}  {'algorithm':<13}" + "".join(f"{c:>9}" for c in ["none", *codecs]) + f"{'time':>11}")
+    print(
+        f"{'size':>9}  {'algorithm':<13}"
+        + "".join(f"{c:>9}" for c in ["none", *codecs])
+        + f"{'algbw':>9}{'time':>11}"
+    )
     for nbytes in sizes:
         for algorithm in model.algorithms():
             plain = model.predict(algorithm, nbytes)
@@ -295,7 +305,7 @@ def _main_topology(args: argparse.Namespace, extra: dict[str, Any]) -> int:
                 cells.append(f"{p.busbw_GBps:>9.2f}")
                 records.append(_topology_record(topology, p))
             size = f"{format_size(nbytes):>9}  {algorithm:<13}"
-            print(size + "".join(cells) + f"{_format_time(plain.time_s):>11}")
+            print(size + "".join(cells) + f"{plain.algbw_GBps:>9.2f}{_format_time(plain.time_s):>11}")
         for codec in codecs:
             best = model.best_compressed(nbytes, codec)
             series.setdefault(f"best with {codec}", []).append((nbytes, best.busbw_GBps))
@@ -315,7 +325,7 @@ def _main_topology(args: argparse.Namespace, extra: dict[str, Any]) -> int:
         print(
             f"{format_size(nbytes):>9}  {nccl.busbw_GBps:>10.2f} {_format_time(nccl.time_s):>10}  "
             f"{label:<20} {chosen.busbw_GBps:>8.2f} {_format_time(chosen.time_s):>10} "
-            f"{nccl.time_s / chosen.time_s:>8.2f}x"
+            f"{nccl.time_s / chosen.time_s if chosen.time_s > 0 else 1.0:>8.2f}x"
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -257,8 +257,9 @@ def _plus(a: _Time, b: _Time) -> _Time:
 
 class PairLinks(NamedTuple):
     """Links that differ from one pair of ranks to another (a topology of nodes: pycoll.tuning.topology).
-    [world, world] matrices indexed [sender, receiver]. With them ``critical_path`` counts alpha and wire
-    in seconds (their weights must be 1: ``Model.weights`` sets them)."""
+    [world, world] matrices indexed [sender, receiver], symmetric (a link is full duplex: its two ends
+    use the same port). With them ``critical_path`` counts alpha and wire in seconds (their weights must
+    be 1: ``Model.weights`` sets them, so a link's calibrated per-algorithm efficiencies do not apply)."""
 
     #: Seconds of one hop from a rank to another.
     alpha_s: np.ndarray
@@ -518,11 +519,18 @@ class Model:
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def for_link(cls, name: str, *, workers: int | None = None, segment_bytes: int | None = None) -> Model:
-        """The default model of link class ``name`` (``pycoll.tuning.links.LINKS``). Messages: as
-        ``segment_bytes`` says, else as the transport cuts them (on GPUs whole ``GPU_SEGMENT_BYTES``,
-        on CPUs 512 KiB in fragments of a quarter)."""
-        link = link_named(name)
+    def for_link(
+        cls,
+        name: str,
+        *,
+        workers: int | None = None,
+        segment_bytes: int | None = None,
+        links: dict[str, LinkProfile] | None = None,
+    ) -> Model:
+        """The default model of link class ``name`` (``pycoll.tuning.links.LINKS``, or ``links``: a
+        user's). Messages: as ``segment_bytes`` says, else as the transport cuts them (on GPUs whole
+        ``GPU_SEGMENT_BYTES``, on CPUs 512 KiB in fragments of a quarter)."""
+        link = link_named(name, links)
         device = device_for(link, workers)
         if segment_bytes is None and device.workers is None:
             return cls(link, device, GPU_SEGMENT_BYTES, GPU_SEGMENT_BYTES)
@@ -545,6 +553,8 @@ class Model:
         (all-reduce of float32 only)."""
         if world < 1 or nbytes < 0:
             raise ValueError(f"need world >= 1 and nbytes >= 0, got {world} and {nbytes}")
+        if self.pairs is not None and world != len(self.pairs.port):
+            raise ValueError(f"this model's links join {len(self.pairs.port)} ranks, not {world}")
         name, bpe, block = codec_layout(codec)
         key = (collective, algorithm, world, nbytes, itemsize, name, bpe, block, root)
         cached = self._cache.get(key)

@@ -11,10 +11,11 @@ pycoll's topologies, with the link rates of pycoll.tuning.links:
                  NCCL runs as many rings / trees as the node has NICs, and every byte a node sends
                  leaves by one of them), the smaller of the two. Times the protocol's share:
     protocol     Simple sends whole buffers (share 1); LL128 puts 120 payload bytes in every 128-byte
-                 line (NCCL enables it where every hop is NVLink; its model takes 0.92 of the ring's
-                 rate, 120/128 of the tree's across nodes, 7/9 inside one); LL interleaves a flag with
-                 every 4 bytes and polls (NCCL's model: 1/2 of the ring's rate, 1/3.8 of the tree's),
-                 and is capped per GPU model and node count (``LL_MAX_GBPS``, NCCL's ``llMaxBws``).
+                 line (NCCL enables it on NVLink machines, across nodes too where RDMA NICs sit by the
+                 GPUs, as on DGX / HGX; its model takes 0.92 of the ring's rate, 120/128 of the tree's
+                 across nodes, 7/9 inside one); LL interleaves a flag with every 4 bytes and polls
+                 (NCCL's model: 1/2 of the ring's rate, 1/3.8 of the tree's), capped at NCCL's
+                 ``llMaxBws``: per GPU generation on one node, per CPU (its Intel row) across nodes.
     ring         2(n-1) steps over all n GPUs; algbw = bus rate x n / (2(n-1)), so that nccl-tests'
                  busbw = the bus rate. Latency: a base per protocol plus a hop per step, the 2(nodes-1)
                  steps that leave a node at the network's hop, the others at the intra link's.
@@ -28,7 +29,8 @@ pycoll's topologies, with the link rates of pycoll.tuning.links:
                  data. A GPU sends its buffer once and receives its share's sum, then sends that share
                  once and receives every share: buffer x (1 + 1/n) each way, so algbw = intra rate x
                  n / (n+1) x NCCL's ``nvlsEfficiency`` (0.85 on Hopper, 0.74 on Blackwell), busbw =
-                 intra rate x 2(n-1)/(n+1) x that. Latency: NCCL's 25 us NVLS hop.
+                 intra rate x 2(n-1)/(n+1) x that (this count of the traffic is pycoll's; NCCL's own
+                 model converts with a fixed ratio). Latency: NCCL's 25 us NVLS hop.
 
 A call's time is the latency plus bytes / algbw, the smallest over the protocols the topology allows.
 Not modelled: NCCL's NVLSTree and CollNet (in-network reduction across nodes), its per-size corrections
@@ -78,13 +80,10 @@ SHARE = {
 TREE_LL128_ONE_NODE = 7 / 9
 #: NCCL's model's factor on the tree's bus rate (all protocols).
 TREE_FACTOR = 0.92
-#: The most LL moves per second (GB/s) on 1, 2 and more nodes, per GPU generation (NCCL's ``llMaxBws``).
-LL_MAX_GBPS = {
-    "a100": (87.7, 22.5, 19.0),
-    "h100": (141.0, 45.0, 35.0),
-    "h200": (141.0, 45.0, 35.0),
-    "b200": (282.0, 90.0, 70.0),
-}
+#: The most LL moves per second (GB/s) on one node, per GPU generation, and on 2 and more nodes, where
+#: NCCL indexes its ``llMaxBws`` by the CPU (its Intel row).
+LL_MAX_ONE_NODE_GBPS = {"a100": 87.7, "h100": 141.0, "h200": 141.0, "b200": 282.0}
+LL_MAX_NODES_GBPS = (39.0, 20.4)
 #: NVLS: NCCL's ``nvlsEfficiency`` per link class with NVLink SHARP, and its hop (us).
 NVLS_EFFICIENCY = {"nvlink4": 0.85, "nvlink5": 0.74}
 NVLS_HOP_US = 25.0
@@ -95,9 +94,16 @@ def _hop_family(kind: str) -> str:
 
 
 def _protocols(topology: Topology) -> tuple[str, ...]:
-    """LL128 only where every hop is NVLink (NCCL's default; over PCIe and networks it is off)."""
-    all_nvlink = topology.intra.kind == "nvlink" and topology.nodes == 1
-    return PROTOCOLS if all_nvlink else ("LL", "Simple")
+    """LL128 on NVLink machines, alone or across RDMA NICs (NCCL's default; over PCIe and TCP it is off)."""
+    rdma = topology.inter is not None and topology.inter.kind in ("ib", "roce")
+    inter_ok = topology.nodes == 1 or rdma
+    return PROTOCOLS if topology.intra.kind == "nvlink" and inter_ok else ("LL", "Simple")
+
+
+def _ll_max_Bps(topology: Topology) -> float:
+    if topology.nodes == 1:
+        return LL_MAX_ONE_NODE_GBPS.get(topology.gpu.name, LL_MAX_ONE_NODE_GBPS["a100"]) * 1e9
+    return LL_MAX_NODES_GBPS[0 if topology.nodes == 2 else 1] * 1e9
 
 
 def _bus_Bps(topology: Topology) -> float:
@@ -120,8 +126,7 @@ def nccl_time(topology: Topology, algorithm: str, protocol: str, nbytes: int) ->
     else:
         bus = _bus_Bps(topology) * share * TREE_FACTOR
     if protocol == "LL":
-        caps = LL_MAX_GBPS.get(topology.gpu.name, LL_MAX_GBPS["a100"])
-        bus = min(bus, caps[min(topology.nodes, 3) - 1] * 1e9)
+        bus = min(bus, _ll_max_Bps(topology))
     intra_hop = HOP_US[_hop_family(topology.intra.kind)][algorithm][protocol] * (1 if topology.p2p else 2)
     net_hop = HOP_US["net"][algorithm][protocol]
     if algorithm == "ring":
@@ -130,7 +135,7 @@ def nccl_time(topology: Topology, algorithm: str, protocol: str, nbytes: int) ->
         hops_us = (2 * (n - 1) - net_steps) * intra_hop + net_steps * net_hop
     else:
         algbw = bus / 2
-        levels = math.ceil(math.log2(topology.nodes)) if topology.nodes > 1 else 0
+        levels = topology.nodes.bit_length() - 1  # NCCL's log2i: floor(log2(nodes))
         hops_us = 2 * ((topology.gpus_per_node - 1) * intra_hop + levels * net_hop)
     return (BASE_US[algorithm][protocol] + hops_us) * 1e-6 + nbytes / algbw
 
@@ -164,6 +169,6 @@ def nccl_allreduce(topology: Topology, algorithm: str, nbytes: int) -> Predictio
     if name == "nvls":
         return Prediction("allreduce", algorithm, "none", n, nbytes, nvls_time(topology, nbytes), 2)
     time_s = min(nccl_time(topology, name, p, nbytes) for p in _protocols(topology))
-    levels = max(topology.nodes - 1, 0).bit_length()
+    levels = topology.nodes.bit_length() - 1
     steps = 2 * (n - 1) if name == "ring" else 2 * (topology.gpus_per_node - 1 + levels)
     return Prediction("allreduce", algorithm, "none", n, nbytes, time_s, steps)

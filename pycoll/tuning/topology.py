@@ -10,7 +10,9 @@ The parts, named as the code names them:
                  over the receiver's, at ``STAGED_SHARE`` of the P2P rate, and with a hop more.
     NIC          ``nics_per_node`` ports of the ``inter`` class (``ib``, ``roce`` or ``tcp``) per node. A
                  node's ports are shared by its GPUs: ``nic_Bps`` is what a node sends (and receives) at once,
-                 ``nic_Bps / gpus_per_node`` a GPU's share when all of them use the network at the same time.
+                 ``nic_Bps / gpus_per_node`` a GPU's share when all of them use the network at the same time
+                 (as hierarchical and direct do; for pycoll's flat ring and tree, where one GPU of a node
+                 sends across at a time, the share is pessimistic).
     gpu          the device at each end (pycoll.tuning.links.DEVICES): its memory bandwidth prices the
                  copies, reductions and codecs. By default the one the intra class names.
 
@@ -259,15 +261,20 @@ class TopologyModel:
     def choose_compression(
         self, nbytes: int, *, error_budget: float, codecs: tuple[str, ...] = AUTO_CODECS
     ) -> tuple[str, str]:
-        """(codec or "none", algorithm: "nccl" when uncompressed) predicted fastest for an all-reduce of
-        ``nbytes`` of float32, among NCCL's own and pycoll's compressed ones whose expected error fits
-        ``error_budget``. A codec must beat NCCL's predicted time to be chosen."""
+        """(codec or "none", algorithm: "nccl" for NCCL's own) predicted fastest for an all-reduce of
+        ``nbytes`` of float32, among NCCL's own, pycoll's uncompressed ones and pycoll's compressed ones
+        whose expected error fits ``error_budget``. Anything but NCCL must be predicted faster than NCCL
+        to be chosen, and a codec faster than every uncompressed all-reduce."""
         key = (nbytes, error_budget, tuple(codecs))
         choice = self._choices.get(key)
         if choice is None:
             choice = ("none", "nccl")
             best = self.nccl(nbytes).time_s
             if self.topology.world > 1:
+                for algorithm in self.model.candidates("allreduce", self.topology.world):
+                    t = self.predict(algorithm, nbytes).time_s
+                    if t < best:
+                        choice, best = ("none", algorithm), t
                 for name in codecs:
                     for algorithm in self.codec_algorithms():
                         p = self.predict(algorithm, nbytes, name)
@@ -285,6 +292,8 @@ def load_links(path: str | Path) -> dict[str, LinkProfile]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read the link file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the link file {path} is not UTF-8 text") from None
     try:
         if path.suffix.lower() == ".toml":
             try:
@@ -299,7 +308,14 @@ def load_links(path: str | Path) -> dict[str, LinkProfile]:
     entries = data.get("links") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a list of link classes under 'links'")
-    return dict(link_from_entry(entry, f"{path}: links[{i}]") for i, entry in enumerate(entries))
+    links: dict[str, LinkProfile] = {}
+    for i, entry in enumerate(entries):
+        name, link = link_from_entry(entry, f"{path}: links[{i}]")
+        if name in links or name in LINKS:
+            what = "a built-in class" if name in LINKS else "an earlier entry"
+            raise ValueError(f"{path}: links[{i}] is named {name!r}, as {what} is; give it a name of its own")
+        links[name] = link
+    return links
 
 
 _LINK_KEYS = {
@@ -333,13 +349,15 @@ def link_from_entry(entry: Any, where: str) -> tuple[str, LinkProfile]:
         raise ValueError(f"{where} ({name}): kind must be one of {', '.join(k for k in KINDS if k != 'shm')}")
     if ("rate_gbps" in entry) == ("rate_GBps" in entry):
         raise ValueError(f"{where} ({name}) needs one of rate_gbps (Gbit/s) or rate_GBps (GB/s)")
-    try:
-        raw = float(entry["rate_gbps"]) / 8 if "rate_gbps" in entry else float(entry["rate_GBps"])
-        latency = float(entry.get("latency_us", 5.0))
-        efficiency = float(entry.get("efficiency", EFFICIENCY[kind]))
-    except (TypeError, ValueError):
-        raise ValueError(f"{where} ({name}): rate, latency_us and efficiency must be numbers") from None
-    if not (raw > 0 and latency >= 0 and 0 < efficiency <= 1):
+    numbers = [entry.get(k) for k in ("rate_gbps", "rate_GBps", "latency_us", "efficiency") if k in entry]
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in numbers):
+        raise ValueError(f"{where} ({name}): rate, latency_us and efficiency must be numbers")
+    raw = float(entry["rate_gbps"]) / 8 if "rate_gbps" in entry else float(entry["rate_GBps"])
+    latency = float(entry.get("latency_us", 5.0))
+    efficiency = float(entry.get("efficiency", EFFICIENCY[kind]))
+    if not all(math.isfinite(x) for x in (raw, latency)) or not (
+        raw > 0 and latency >= 0 and 0 < efficiency <= 1
+    ):
         raise ValueError(f"{where} ({name}): need rate > 0, latency_us >= 0 and 0 < efficiency <= 1")
     gpu = str(entry.get("gpu", "h100")).lower()
     if gpu not in DEVICES or DEVICES[gpu].workers is not None:

@@ -90,6 +90,10 @@ def test_user_link_classes_from_json_and_toml(tmp_path: Path) -> None:
         ({"name": "x", "kind": "ib", "rate_gbps": 1, "speed": 3}, "unknown key"),
         ({"name": "x", "kind": "ib", "rate_gbps": -1}, "need rate > 0"),
         ({"kind": "ib", "rate_gbps": 1}, "needs a name"),
+        ({"name": "x", "kind": "ib", "rate_gbps": True}, "must be numbers"),
+        ({"name": "x", "kind": "ib", "rate_gbps": "100"}, "must be numbers"),
+        ({"name": "x", "kind": "ib", "rate_gbps": 100, "latency_us": float("inf")}, "need rate > 0"),
+        ({"name": "nvlink4", "kind": "ib", "rate_gbps": 100}, "as a built-in class is"),
     ],
 )
 def test_a_malformed_link_file_names_the_entry(tmp_path: Path, entry: dict, message: str) -> None:
@@ -97,8 +101,19 @@ def test_a_malformed_link_file_names_the_entry(tmp_path: Path, entry: dict, mess
     path.write_text(json.dumps({"links": [entry]}))
     with pytest.raises(ValueError, match=rf"links\.json: links\[0\].*{message}"):
         load_links(path)
+
+
+def test_a_link_file_that_is_not_one_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "links.json"
     path.write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):
+        load_links(path)
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        load_links(path)
+    twice = {"name": "x", "kind": "ib", "rate_gbps": 1}
+    path.write_text(json.dumps({"links": [twice, {**twice, "name": "X"}]}))
+    with pytest.raises(ValueError, match=r"links\[1\] is named 'x', as an earlier entry is"):
         load_links(path)
 
 
@@ -112,7 +127,7 @@ def test_a_ring_across_nodes_runs_at_the_pace_of_its_slowest_link() -> None:
     """2 nodes x 2 GPUs, PCIe inside and one 100 GbE port per node (a GPU's share: half of it): the GPU
     that sends across the NIC sends 2(n-1) chunks through its share one after another (their latency
     overlaps the next send), which bounds the ring from below; every step waiting for a slow and a fast
-    hop in full bounds it from above."""
+    hop in full bounds it from above. The slow hops dominate: the time is within 5% of 2(n-1) of them."""
     t = Topology.describe(nodes=2, gpus_per_node=2, intra="pcie4", inter="eth100", nics_per_node=1)
     model = replace(t.model(), device=_free_device())
     nbytes, n = 64 * MiB, 4
@@ -122,7 +137,6 @@ def test_a_ring_across_nodes_runs_at_the_pace_of_its_slowest_link() -> None:
     time_s = model.predict("allreduce", "ring", n, nbytes).time_s
     assert 2 * (n - 1) * wire + t.inter.alpha_s <= time_s * (1 + 1e-9)
     assert time_s <= 2 * (n - 1) * (t.inter.alpha_s + wire + fast)
-    # one link everywhere as slow as the share: the same bound is tight
     assert time_s > 0.95 * (2 * (n - 1) * (t.inter.alpha_s + wire))
 
 
@@ -151,8 +165,8 @@ def test_hierarchical_compresses_only_between_nodes() -> None:
     for plan, ops, ref in zip(costs.plans, costs.ops, plain.ops):
         for op, row, row_plain in zip(plan.ops(), ops, ref):
             peer = op.send_peer if op.send_peer >= 0 else op.recv_peer
-            if peer >= 0 and peer // 4 == plan.rank // 4:  # within the node
-                assert row[0] == row_plain[0] and row[1] == row_plain[1] and row[3] == row[4] == 0
+            if peer >= 0 and peer // 4 == plan.rank // 4:  # within the node: float32, no codec
+                assert (row[:3] == row_plain[:3]).all() and row[3] == row[4] == 0
             elif op.send_peer >= 0:  # to the other node: int8's byte per element
                 assert row[0] == op.count * 1.0
 
@@ -180,6 +194,22 @@ def test_nccl_across_nodes_is_bound_by_the_nodes_nics() -> None:
         + 42 * HOP_US["nvlink"]["ring"]["Simple"]
     )
     assert nccl_time(t, "ring", "Simple", 0) == pytest.approx(lat * 1e-6)
+
+
+def test_nccl_protocols_where_nccl_enables_them() -> None:
+    """LL128 on NVLink machines, alone or across RDMA NICs, not over PCIe or TCP; LL's cap across nodes
+    is NCCL's per-CPU one (39 GB/s on 2 nodes), not the GPU's."""
+    from pycoll.tuning.nccl import _protocols
+
+    assert "LL128" in _protocols(Topology.describe(gpus_per_node=8, intra="nvlink3"))
+    rdma = Topology.describe(nodes=2, gpus_per_node=8, intra="nvlink4", inter="ib_ndr", nics_per_node=8)
+    assert "LL128" in _protocols(rdma)
+    assert "LL128" not in _protocols(Topology.describe(gpus_per_node=8, intra="pcie4"))
+    tcp = Topology.describe(nodes=2, gpus_per_node=8, intra="nvlink4", inter="eth400", nics_per_node=8)
+    assert "LL128" not in _protocols(tcp)
+    n, nbytes = 16, 1 << 30
+    ll = nccl_time(rdma, "ring", "LL", nbytes) - nccl_time(rdma, "ring", "LL", 0)
+    assert ll == pytest.approx(nbytes / (39e9 * n / (2 * (n - 1))))
 
 
 def test_nvls_on_nvswitch_hopper_and_blackwell_only() -> None:
@@ -246,11 +276,14 @@ def test_auto_never_predicts_slower_than_nccl(spec: dict) -> None:
         nccl = model.nccl(nbytes)
         for budget in (0.0, 1e-3, 1e-2, 1.0):
             codec, algorithm = model.choose_compression(nbytes, error_budget=budget)
-            if codec == "none":
-                assert algorithm == "nccl"
+            if algorithm == "nccl":
+                assert codec == "none"
                 continue
-            chosen = model.predict(algorithm, nbytes, codec)
+            chosen = model.predict(algorithm, nbytes, None if codec == "none" else codec)
             assert chosen.time_s < nccl.time_s and chosen.error <= budget
+            if codec != "none":  # a codec only where it beats every uncompressed all-reduce too
+                plain = [model.predict(a, nbytes).time_s for a in model.algorithms()]
+                assert chosen.time_s < min(plain)
 
 
 def test_compression_pays_on_slow_links_and_waits_for_large_messages_on_nvlink() -> None:
@@ -261,33 +294,61 @@ def test_compression_pays_on_slow_links_and_waits_for_large_messages_on_nvlink()
     assert (codec, algorithm) == ("int8", "hierarchical")
     nvlink = TopologyModel(Topology.describe(gpus_per_node=8, intra="nvlink4"))
     assert nvlink.choose_compression(MiB, error_budget=1.0) == ("none", "nccl")
-    assert pcie.choose_compression(64 * MiB, error_budget=0.0) == ("none", "nccl")
+    assert pcie.choose_compression(64 * MiB, error_budget=0.0)[0] == "none"  # exact: no codec
 
 
-def test_the_communicator_describes_its_gpu_machine_from_its_hosts_and_pycoll_topology() -> None:
+def test_the_communicator_describes_its_gpu_machine_from_its_hosts_and_pycoll_topology(
+    tmp_path: Path,
+) -> None:
     hosts = ["a"] * 4 + ["b"] * 4
-    default = auto.gpu_topology({}, hosts)
+    default = auto.gpu_topology(auto.gpu_topology_setting({}), hosts)
     assert default is not None and default.topology.label == "2x4 nvlink4 + 4x ib_ndr"
-    spec = topology_setting("intra=pcie4, p2p=no, inter=eth25, nics=1")
-    assert auto.gpu_topology(spec, hosts).topology.label == "2x4 pcie4 no-p2p + 1x eth25"
-    assert auto.gpu_topology({}, ["a", "b", "b"]) is None  # unequal hosts: NCCL's own all-reduce
+    setting = auto.gpu_topology_setting(topology_setting("intra=pcie4, p2p=no, inter=eth25, nics=1"))
+    assert auto.gpu_topology(setting, hosts).topology.label == "2x4 pcie4 no-p2p + 1x eth25"
+    assert auto.gpu_topology(setting, ["a", "b", "b"]) is None  # unequal hosts: NCCL's own all-reduce
     with pytest.raises(InvalidUsageError, match="PYCOLL_TOPOLOGY: unknown link 'pcie9'"):
-        auto.gpu_topology({"intra": "pcie9"}, hosts)
+        auto.gpu_topology({"spec": {"intra": "pcie9"}}, hosts)
     assert Settings.from_environ({"PYCOLL_TOPOLOGY": "intra=nvlink3"}).gpu_topology == {"intra": "nvlink3"}
-    for bad in ("intra", "speed=3", "nics=0", "p2p=maybe"):
+    for bad in ("intra", "speed=3", "nics=0", "nics=\u00b2", "p2p=maybe", "intra=pcie4,intra=pcie5"):
         with pytest.raises(InvalidUsageError, match="PYCOLL_TOPOLOGY"):
             topology_setting(bad)
 
 
+def test_rank_0_reads_the_link_file_for_every_rank(tmp_path: Path) -> None:
+    """The setting rank 0 hands the others carries the link classes themselves (a rank never reads a
+    file of its own, which another host may lack), and an unreadable file becomes an error every rank
+    raises alike."""
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps({"links": [{"name": "slow", "kind": "tcp", "rate_gbps": 5}]}))
+    setting = auto.gpu_topology_setting(topology_setting(f"inter=slow,nics=1,links={path}"))
+    setting = json.loads(json.dumps(setting))  # as it travels through the store
+    path.unlink()
+    model = auto.gpu_topology(setting, ["a", "a", "b", "b"])
+    assert model is not None and model.topology.inter.beta_Bps == pytest.approx(5 / 8 * 0.94 * 1e9)
+    missing = auto.gpu_topology_setting({"links": str(path)})
+    for _ in range(2):
+        with pytest.raises(InvalidUsageError, match="PYCOLL_TOPOLOGY: cannot read the link file"):
+            auto.gpu_topology(missing, ["a", "b"])
+
+
 def test_compression_auto_on_gpu_memory_asks_the_gpu_machine() -> None:
-    slow = auto.gpu_topology(topology_setting("intra=pcie4,p2p=no"), ["h"] * 8)
-    comm = SimpleNamespace(gpu_model=slow, world_size=8, model=None)
+    def comm(spec: str, hosts: list[str]) -> SimpleNamespace:
+        model = auto.gpu_topology(auto.gpu_topology_setting(topology_setting(spec)), hosts)
+        return SimpleNamespace(gpu_model=model, world_size=len(hosts), model=None)
+
     buf = SimpleNamespace(dtype="float32", count=16 << 20)
-    codec, algorithm = auto.compression(comm, None, buf, "sum", 1e-2, gpu=True)
+    codec, algorithm = auto.compression(
+        comm("intra=pcie4,p2p=no", ["h"] * 8), None, buf, "sum", 1e-2, gpu=True
+    )
     assert codec is not None and codec.kind == "int8" and algorithm == "direct"
-    fast = SimpleNamespace(gpu_model=auto.gpu_topology({}, ["h"] * 8), world_size=8, model=None)
     small = SimpleNamespace(dtype="float32", count=1024)
-    assert auto.compression(fast, None, small, "sum", 1e-2, gpu=True) == (None, None)
+    assert auto.compression(comm("", ["h"] * 8), None, small, "sum", 1e-2, gpu=True) == (None, "nccl")
+    # where pycoll's exact all-reduce is predicted faster than NCCL and than every codec: no codec
+    mid = SimpleNamespace(dtype="float32", count=1 << 18)
+    assert auto.compression(comm("intra=pcie4", ["h"] * 8), None, mid, "sum", 1e-2, gpu=True) == (
+        None,
+        "direct",
+    )
     unequal = SimpleNamespace(gpu_model=None, world_size=3, model=None)
     assert auto.compression(unequal, None, buf, "sum", 1e-2, gpu=True) == (None, None)
 
@@ -341,6 +402,7 @@ def test_model_cli_for_a_machine(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--intra", "nvlink4", "--p2p", "no"], "p2p=no applies to PCIe"),
         (["--nodes", "2"], "need the link between them"),
         (["--gpus-per-node", "8", "--compression", "int3"], "unknown codec int3"),
+        (["--gpus-per-node", "8", "--inter", "ib_ndr"], "give --nodes 2 or more"),
     ],
 )
 def test_model_cli_refuses_a_machine_that_cannot_be(
@@ -376,7 +438,9 @@ def test_model_cli_lists_and_uses_a_users_links(tmp_path: Path, capsys: pytest.C
         "1M",
     ]
     assert main(args) == 0
-    assert "2x2 pcie4 + 1x slow50" in capsys.readouterr().out
+    assert "2x2 pcie4 + 2x slow50" in capsys.readouterr().out  # a NIC per GPU unless told
+    assert main(["model", "--links-file", str(path), "--link", "slow50", "--ranks", "2", "-e", "64K"]) == 0
+    assert "# slow50" in capsys.readouterr().out
 
 
 def test_model_cli_plots_a_machine(tmp_path: Path) -> None:
