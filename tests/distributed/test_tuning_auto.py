@@ -136,3 +136,21 @@ def test_bench_calibrate_writes_a_calibration(tmp_path):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(again.read_text())["link"] == data["link"]
+
+
+def body_gpu_machine(comm, rank, world):
+    machine = comm.gpu_model
+    return machine.topology.label, machine.topology.intra.beta_Bps
+
+
+def test_every_rank_describes_the_gpu_machine_as_rank_0_read_it(tmp_path):
+    """PYCOLL_TOPOLOGY with a link file: rank 0 reads the file when the communicator is made and hands
+    the classes to every rank through the store; the file may be gone by the time a rank asks."""
+    from harness import RankPool
+
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps({"links": [{"name": "bridge", "kind": "nvlink", "rate_GBps": 100}]}))
+    with RankPool(2, env={"PYCOLL_TOPOLOGY": f"intra=bridge,links={path}"}) as pool:
+        path.unlink()
+        results = pool.run(body_gpu_machine, timeout=60)
+    assert results == [("1x2 bridge", pytest.approx(100 * 0.8 * 1e9))] * 2
