@@ -213,11 +213,12 @@ def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
             autos = []
             for budget in budgets:
                 codec, algorithm = model.choose_compression(nbytes, error_budget=budget)
-                if codec == "none":
+                if algorithm == "nccl":
                     autos.append("NCCL")
                 else:
-                    gain = nccl.time_s / model.predict(algorithm, nbytes, codec).time_s
-                    autos.append(f"{algorithm}+{codec}, {gain:.2f}x")
+                    p = model.predict(algorithm, nbytes, None if codec == "none" else codec)
+                    label = algorithm if codec == "none" else f"{algorithm}+{codec}"
+                    autos.append(f"{label}, {nccl.time_s / p.time_s:.2f}x")
             lines.append(
                 f"| {label} | {format_size(nbytes)} | {nccl.busbw_GBps:.1f} ({nccl.algorithm}) | "
                 + " | ".join(cells)

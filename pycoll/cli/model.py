@@ -318,8 +318,11 @@ def _main_topology(args: argparse.Namespace, extra: dict[str, Any]) -> int:
     for nbytes in sizes:
         nccl = model.nccl(nbytes)
         codec, algorithm = model.choose_compression(nbytes, error_budget=budget)
-        chosen = nccl if codec == "none" else model.predict(algorithm, nbytes, codec)
-        label = nccl.algorithm if codec == "none" else f"{algorithm}+{codec}"
+        if algorithm == "nccl":
+            chosen, label = nccl, nccl.algorithm
+        else:
+            chosen = model.predict(algorithm, nbytes, None if codec == "none" else codec)
+            label = algorithm if codec == "none" else f"{algorithm}+{codec}"
         records.append({**_topology_record(topology, chosen), "auto": True, "error_budget": budget})
         series.setdefault("auto", []).append((nbytes, chosen.busbw_GBps))
         print(
