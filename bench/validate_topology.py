@@ -217,8 +217,8 @@ def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
                     autos.append("NCCL")
                 else:
                     p = model.predict(algorithm, nbytes, None if codec == "none" else codec)
-                    label = algorithm if codec == "none" else f"{algorithm}+{codec}"
-                    autos.append(f"{label}, {nccl.time_s / p.time_s:.2f}x")
+                    ran = algorithm if codec == "none" else f"{algorithm}+{codec}"
+                    autos.append(f"{ran}, {nccl.time_s / p.time_s:.2f}x")
             lines.append(
                 f"| {label} | {format_size(nbytes)} | {nccl.busbw_GBps:.1f} ({nccl.algorithm}) | "
                 + " | ".join(cells)
