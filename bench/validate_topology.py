@@ -40,8 +40,14 @@ MACHINES: list[tuple[str, dict[str, Any]]] = [
     ("8 GPUs, PCIe Gen5, no P2P", dict(gpus_per_node=8, intra="pcie5", p2p=False, gpu="h100")),
     ("8 A100, NVLink 3", dict(gpus_per_node=8, intra="nvlink3")),
     ("8 H100, NVLink 4 (NVLS)", dict(gpus_per_node=8, intra="nvlink4")),
-    ("2 nodes x 8 A100, 1x 100 GbE TCP", dict(nodes=2, gpus_per_node=8, intra="nvlink3", inter="eth100")),
-    ("2 nodes x 8 A100, 1x 100 GbE RoCE", dict(nodes=2, gpus_per_node=8, intra="nvlink3", inter="roce100")),
+    (
+        "2 nodes x 8 A100, 1x 100 GbE TCP",
+        dict(nodes=2, gpus_per_node=8, intra="nvlink3", inter="eth100", nics_per_node=1),
+    ),
+    (
+        "2 nodes x 8 A100, 1x 100 GbE RoCE",
+        dict(nodes=2, gpus_per_node=8, intra="nvlink3", inter="roce100", nics_per_node=1),
+    ),
     (
         "4 nodes x 8 H100, 2x 200 GbE RoCE",
         dict(nodes=4, gpus_per_node=8, intra="nvlink4", inter="roce200", nics_per_node=2),
@@ -187,9 +193,7 @@ def _share(share: float | None) -> str:
 def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
     lines = [
         "| machine | size | NCCL busbw GB/s (algorithm) | pycoll uncompressed "
-        "| best fp16 | best int8 | best int4 | "
-        + " | ".join(f"auto, budget {b:g}" for b in budgets)
-        + " |",
+        "| best fp16 | best int8 | best int4 | " + " | ".join(f"auto, budget {b:g}" for b in budgets) + " |",
         "|---|---:|---:|---:|---:|---:|---:|" + "---|" * len(budgets),
     ]
     summary = []
@@ -227,11 +231,7 @@ def compression_table(budgets: tuple[float, ...] = (1e-3, 1e-2)) -> str:
                 + " |"
             )
         even = break_even(spec, 1 << 30, "int8")
-        summary.append(
-            f"| {label} | "
-            + " | ".join(_ranges(wins[c]) for c in wins)
-            + f" | {_share(even)} |"
-        )
+        summary.append(f"| {label} | " + " | ".join(_ranges(wins[c]) for c in wins) + f" | {_share(even)} |")
     lines += [
         "",
         "| machine | fp16 beats NCCL at | int8 beats NCCL at | int4 beats NCCL at "

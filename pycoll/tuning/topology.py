@@ -56,6 +56,7 @@ from pycoll.tuning.links import (
     link_named,
 )
 from pycoll.tuning.model import AUTO_CODECS, Model, PairLinks, Prediction
+from pycoll.tuning.nccl import nccl_algorithms, nccl_allreduce
 
 __all__ = [
     "INTRA_KINDS",
@@ -96,13 +97,14 @@ class Topology:
         gpus_per_node: int = 8,
         intra: str = "nvlink4",
         inter: str | None = None,
-        nics_per_node: int = 1,
+        nics_per_node: int | None = None,
         p2p: bool = True,
         gpu: str | None = None,
         links: dict[str, LinkProfile] | None = None,
     ) -> Topology:
-        """The topology named by link-class names (LINKS, or ``links``: a user's, ``load_links``).
-        Raises ValueError naming what is wrong."""
+        """The topology named by link-class names (LINKS, or ``links``: a user's, ``load_links``); NICs:
+        one per GPU unless given. Raises ValueError naming what is wrong."""
+        nics_per_node = gpus_per_node if nics_per_node is None else nics_per_node
         if nodes < 1 or gpus_per_node < 1 or nics_per_node < 1:
             raise ValueError(
                 "need nodes, GPUs per node and NICs per node >= 1, "
@@ -225,8 +227,6 @@ class TopologyModel:
 
     def algorithms(self) -> tuple[str, ...]:
         """Every all-reduce this topology's predictions compare: NCCL's, then pycoll's."""
-        from pycoll.tuning.nccl import nccl_algorithms
-
         return nccl_algorithms(self.topology) + self.model.candidates("allreduce", self.topology.world)
 
     def codec_algorithms(self) -> tuple[str, ...]:
@@ -238,8 +238,6 @@ class TopologyModel:
         if algorithm.startswith("nccl"):
             if codec not in (None, "none"):
                 raise ValueError(f"{algorithm} does not compress")
-            from pycoll.tuning.nccl import nccl_allreduce
-
             return nccl_allreduce(self.topology, algorithm, nbytes)
         if codec not in (None, "none") and algorithm not in self.codec_algorithms():
             raise ValueError(
@@ -250,8 +248,6 @@ class TopologyModel:
     def nccl(self, nbytes: int) -> Prediction:
         """NCCL's all-reduce as NCCL would run it: its fastest algorithm (its tuner picks by a model of
         the same kind)."""
-        from pycoll.tuning.nccl import nccl_algorithms
-
         return min((self.predict(a, nbytes) for a in nccl_algorithms(self.topology)), key=lambda p: p.time_s)
 
     def best_compressed(self, nbytes: int, codec: str) -> Prediction:
@@ -280,6 +276,8 @@ class TopologyModel:
                         p = self.predict(algorithm, nbytes, name)
                         if p.error <= error_budget and p.time_s < best:
                             choice, best = (name, algorithm), p.time_s
+            if len(self._choices) > 4096:
+                self._choices.clear()
             self._choices[key] = choice
         return choice
 
