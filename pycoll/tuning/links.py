@@ -58,7 +58,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEVICES", "KINDS", "LINKS", "DeviceProfile", "LinkProfile", "device_for", "link_named"]
+__all__ = [
+    "DEVICES",
+    "KINDS",
+    "LINKS",
+    "DeviceProfile",
+    "LinkProfile",
+    "device_for",
+    "gpu_named",
+    "link_named",
+]
 
 GB = 1e9
 
@@ -235,14 +244,15 @@ def _link(
     return LinkProfile(name, description, alpha_us * 1e-6, beta, device, {}, source, kind=kind)
 
 
-def _ethernet(gbit: int, alpha_us: float) -> list[LinkProfile]:
+def _ethernet(gbit: int, alpha_us: float, roce: bool = True) -> list[LinkProfile]:
+    """The kernel-TCP class of a ``gbit`` Ethernet port, and its RoCE class unless ``roce`` is False."""
     rate = gbit / 8
-    return [
-        _link(f"eth{gbit}", "tcp", f"{gbit} GbE, kernel TCP, a port per rank", alpha_us, rate, "cpu",
-              f"IEEE 802.3: {gbit} Gb/s"),
-        _link(f"roce{gbit}", "roce", f"{gbit} GbE with RDMA (RoCE v2), a port", 6.0, rate, "h100",
-              f"IEEE 802.3: {gbit} Gb/s; RoCE v2, IBTA annex A17"),
-    ]
+    tcp = _link(f"eth{gbit}", "tcp", f"{gbit} GbE, kernel TCP, a port per rank", alpha_us, rate, "cpu",
+                f"IEEE 802.3: {gbit} Gb/s")
+    if not roce:
+        return [tcp]
+    return [tcp, _link(f"roce{gbit}", "roce", f"{gbit} GbE with RDMA (RoCE v2), a port", 6.0, rate, "h100",
+                       f"IEEE 802.3: {gbit} Gb/s; RoCE v2, IBTA annex A17")]
 
 
 _ALL = [
@@ -278,7 +288,7 @@ _ALL = [
     _link("ib_hdr", "ib", "InfiniBand HDR, one 200 Gb/s port", 5.0, 25.0, "a100", "InfiniBand HDR 200 Gb/s"),
     _link("ib_ndr", "ib", "InfiniBand NDR, one 400 Gb/s port", 5.0, 50.0, "h100", "InfiniBand NDR 400 Gb/s"),
     _link("ib_xdr", "ib", "InfiniBand XDR, one 800 Gb/s port", 5.0, 100.0, "b200", "InfiniBand XDR 800 Gb/s"),
-    *_ethernet(10, 25.0)[:1],
+    *_ethernet(10, 25.0, roce=False),
     *_ethernet(25, 25.0),
     *_ethernet(100, 20.0),
     *_ethernet(200, 20.0),
@@ -297,6 +307,15 @@ def link_named(name: str, extra: dict[str, LinkProfile] | None = None) -> LinkPr
     except KeyError:
         known = [*LINKS, *(extra or {})]
         raise ValueError(f"unknown link {name!r}; choose one of {', '.join(known)}") from None
+
+
+def gpu_named(name: str) -> DeviceProfile:
+    """The GPU device ``name`` (one of DEVICES that is not a CPU)."""
+    device = DEVICES.get(name.lower())
+    if device is None or device.workers is not None:
+        gpus = [n for n, d in DEVICES.items() if d.workers is None]
+        raise ValueError(f"unknown GPU {name!r}; choose one of {', '.join(gpus)}")
+    return device
 
 
 def device_for(link: LinkProfile, workers: int | None = None) -> DeviceProfile:

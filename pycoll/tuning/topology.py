@@ -53,6 +53,7 @@ from pycoll.tuning.links import (
     LINKS,
     DeviceProfile,
     LinkProfile,
+    gpu_named,
     link_named,
 )
 from pycoll.tuning.model import AUTO_CODECS, Model, PairLinks, Prediction
@@ -119,11 +120,7 @@ class Topology:
                 names = ", ".join(_names(INTER_KINDS, links))
                 raise ValueError(f"{nodes} nodes need the link between them (inter: {names})")
             inter_link = _of_kind(inter, INTER_KINDS, "the link between nodes is a NIC", links)
-        device_name = (gpu or intra_link.device).lower()
-        device = DEVICES.get(device_name)
-        if device is None or device.workers is not None:
-            gpus = [name for name, d in DEVICES.items() if d.workers is None]
-            raise ValueError(f"unknown GPU {gpu!r}; choose one of {', '.join(gpus)}")
+        device = gpu_named(gpu or intra_link.device)
         return cls(nodes, gpus_per_node, intra_link, inter_link, nics_per_node, p2p, device)
 
     @property
@@ -264,18 +261,13 @@ class TopologyModel:
         key = (nbytes, error_budget, tuple(codecs))
         choice = self._choices.get(key)
         if choice is None:
-            choice = ("none", "nccl")
-            best = self.nccl(nbytes).time_s
-            if self.topology.world > 1:
-                for algorithm in self.model.candidates("allreduce", self.topology.world):
-                    t = self.predict(algorithm, nbytes).time_s
-                    if t < best:
-                        choice, best = ("none", algorithm), t
-                for name in codecs:
-                    for algorithm in self.codec_algorithms():
-                        p = self.predict(algorithm, nbytes, name)
-                        if p.error <= error_budget and p.time_s < best:
-                            choice, best = (name, algorithm), p.time_s
+            # pycoll's best (its own choice among the exact and compressed all-reduces), against NCCL's
+            world = self.topology.world
+            codec, algorithm = self.model.choose_compression(
+                world, nbytes, error_budget=error_budget, codecs=codecs
+            )
+            ours = self.predict(algorithm, nbytes, None if codec == "none" else codec)
+            choice = (codec, algorithm) if ours.time_s < self.nccl(nbytes).time_s else ("none", "nccl")
             if len(self._choices) > 4096:
                 self._choices.clear()
             self._choices[key] = choice
@@ -358,8 +350,10 @@ def link_from_entry(entry: Any, where: str) -> tuple[str, LinkProfile]:
     ):
         raise ValueError(f"{where} ({name}): need rate > 0, latency_us >= 0 and 0 < efficiency <= 1")
     gpu = str(entry.get("gpu", "h100")).lower()
-    if gpu not in DEVICES or DEVICES[gpu].workers is not None:
-        raise ValueError(f"{where} ({name}): unknown gpu {gpu!r}")
+    try:
+        gpu_named(gpu)
+    except ValueError as exc:
+        raise ValueError(f"{where} ({name}): {exc}") from None
     link = LinkProfile(
         name,
         str(entry.get("description", f"{name} ({kind}, user-defined)")),
