@@ -79,8 +79,9 @@ counts = {}
 if os.path.exists(path):
     for case in ET.parse(path).getroot().iter("testcase"):
         cls = case.get("classname", "?")
-        name = cls.replace(".", "/") + ".py"
-        name = name if os.path.exists(name) else cls
+        parts = cls.split(".")  # tests.gpu.test_kernels[.TestGpuKernels]: the file is a prefix
+        files = ["/".join(parts[:k]) + ".py" for k in range(len(parts), 0, -1)]
+        name = next((f for f in files if os.path.exists(f)), cls)
         outcome = "passed"
         for child in case:
             if child.tag == "skipped":

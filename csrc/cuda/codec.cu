@@ -542,18 +542,16 @@ void check_codec(const CodecSpec& s) {
 
 namespace {
 
-const char* kind_name(Kind k) {
-  switch (k) {
+// "int8(block=64, stochastic)": the codec a launch ran, for its error.
+std::string codec_name(const CodecSpec& s) {
+  switch (s.kind) {
     case Kind::kFp16:
       return "fp16";
     case Kind::kBf16:
       return "bf16";
-    case Kind::kInt8:
-      return "int8";
-    case Kind::kInt4:
-      return "int4";
     default:
-      return "?";
+      return std::string(s.kind == Kind::kInt8 ? "int8" : "int4") + "(block=" + std::to_string(s.block) +
+             (s.rounding == Rounding::kStochastic ? ", stochastic)" : ")");
   }
 }
 
@@ -568,14 +566,15 @@ void encode(const CodecSpec& spec, const EncodeArgs& a, cudaStream_t stream) {
   detail::check_pointer(a.out, "out", 1, true);
   detail::check_pointer(a.out2, "out2", 1, false);
   const bool sr = spec.rounding == Rounding::kStochastic;
+  const auto name = [&] { return "encode(" + codec_name(spec) + ")"; };
   switch (spec.kind) {
     case Kind::kFp16:
     case Kind::kBf16: {
       const CastParams p = cast_params(a.n, a.src, {a.residual, a.decoded}, {a.out, a.out2});
       if (spec.kind == Kind::kFp16) {
-        detail::launch(cast_encode_kernel<Kind::kFp16>, cast_threads(p), stream, a, p);
+        detail::launch(name, cast_encode_kernel<Kind::kFp16>, cast_threads(p), stream, a, p);
       } else {
-        detail::launch(cast_encode_kernel<Kind::kBf16>, cast_threads(p), stream, a, p);
+        detail::launch(name, cast_encode_kernel<Kind::kBf16>, cast_threads(p), stream, a, p);
       }
       break;
     }
@@ -584,21 +583,20 @@ void encode(const CodecSpec& spec, const EncodeArgs& a, cudaStream_t stream) {
       const BlockParams p = block_params(spec.kind, spec.block, a.n, {a.src, a.residual, a.decoded}, {a.out, a.out2});
       if (spec.kind == Kind::kInt8) {
         if (sr) {
-          detail::launch(block_encode_kernel<Kind::kInt8, Rounding::kStochastic>, block_threads(p), stream, a, p);
+          detail::launch(name, block_encode_kernel<Kind::kInt8, Rounding::kStochastic>, block_threads(p), stream, a, p);
         } else {
-          detail::launch(block_encode_kernel<Kind::kInt8, Rounding::kNearest>, block_threads(p), stream, a, p);
+          detail::launch(name, block_encode_kernel<Kind::kInt8, Rounding::kNearest>, block_threads(p), stream, a, p);
         }
       } else if (sr) {
-        detail::launch(block_encode_kernel<Kind::kInt4, Rounding::kStochastic>, block_threads(p), stream, a, p);
+        detail::launch(name, block_encode_kernel<Kind::kInt4, Rounding::kStochastic>, block_threads(p), stream, a, p);
       } else {
-        detail::launch(block_encode_kernel<Kind::kInt4, Rounding::kNearest>, block_threads(p), stream, a, p);
+        detail::launch(name, block_encode_kernel<Kind::kInt4, Rounding::kNearest>, block_threads(p), stream, a, p);
       }
       break;
     }
     default:
       break;
   }
-  PYCOLL_CHECK_CUDA_LAUNCH(std::string("encode(") + kind_name(spec.kind) + ")");
 }
 
 void decode(const CodecSpec& spec, const DecodeArgs& a, cudaStream_t stream) {
@@ -608,14 +606,15 @@ void decode(const CodecSpec& spec, const DecodeArgs& a, cudaStream_t stream) {
   detail::check_pointer(a.acc, "acc", 4, false);
   detail::check_pointer(a.residual, "residual", 4, false);
   detail::check_pointer(a.in, "in", 1, true);
+  const auto name = [&] { return "decode(" + codec_name(spec) + ")"; };
   switch (spec.kind) {
     case Kind::kFp16:
     case Kind::kBf16: {
       const CastParams p = cast_params(a.n, a.dst, {a.acc, a.residual}, {a.in});
       if (spec.kind == Kind::kFp16) {
-        detail::launch(cast_decode_kernel<Kind::kFp16>, cast_threads(p), stream, a, p);
+        detail::launch(name, cast_decode_kernel<Kind::kFp16>, cast_threads(p), stream, a, p);
       } else {
-        detail::launch(cast_decode_kernel<Kind::kBf16>, cast_threads(p), stream, a, p);
+        detail::launch(name, cast_decode_kernel<Kind::kBf16>, cast_threads(p), stream, a, p);
       }
       break;
     }
@@ -623,16 +622,15 @@ void decode(const CodecSpec& spec, const DecodeArgs& a, cudaStream_t stream) {
     case Kind::kInt4: {
       const BlockParams p = block_params(spec.kind, spec.block, a.n, {a.dst, a.acc, a.residual}, {a.in});
       if (spec.kind == Kind::kInt8) {
-        detail::launch(block_decode_kernel<Kind::kInt8>, block_threads(p), stream, a, p);
+        detail::launch(name, block_decode_kernel<Kind::kInt8>, block_threads(p), stream, a, p);
       } else {
-        detail::launch(block_decode_kernel<Kind::kInt4>, block_threads(p), stream, a, p);
+        detail::launch(name, block_decode_kernel<Kind::kInt4>, block_threads(p), stream, a, p);
       }
       break;
     }
     default:
       break;
   }
-  PYCOLL_CHECK_CUDA_LAUNCH(std::string("decode(") + kind_name(spec.kind) + ")");
 }
 
 }  // namespace pycoll::cuda

@@ -1,5 +1,5 @@
-// What the kernels of csrc/cuda share: launch sizes, alignment tests, and the checks of pointers that
-// every host function does before it enqueues anything.
+// What the kernels of csrc/cuda share: launch sizes, the launch and its check, alignment tests, and the
+// checks of pointers that every host function does before it enqueues anything.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,10 +69,30 @@ unsigned grid_for(void (*kernel)(Args...), size_t items) {
   return static_cast<unsigned>(want < cap ? (want > 0 ? want : 1) : cap);
 }
 
-// kernel<<<grid_for(kernel, items), kThreads, 0, stream>>>(args...): the caller checks the launch.
-template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), size_t items, cudaStream_t stream, const Args&... args) {
-  kernel<<<grid_for(kernel, items), kThreads, 0, stream>>>(args...);
+inline std::string dims_text(const dim3& d) {
+  return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+}
+
+// kernel<<<grid_for(kernel, items), kThreads, 0, stream>>>(args...), then the launch's own check: a launch
+// that failed (a configuration the device cannot run, no device, a sticky error of an earlier kernel)
+// throws pycoll::Error naming the kernel, `name()` (called only then), and the configuration. Built for the
+// CPU emulation (csrc/cuda/emulation/), the same call runs the kernel there.
+template <class Name, class... Params, class... Args>
+void launch(const Name& name, void (*kernel)(Params...), size_t items, cudaStream_t stream, const Args&... args) {
+  const dim3 grid(grid_for(kernel, items)), block(kThreads);
+#if PYCOLL_CUDA_EMULATION
+  ::pycoll::emulation::launch(kernel, grid, block, 0, stream, args...);
+#else
+  // (clang-format would split the launch's >>> inside this #if)
+  // clang-format off
+  kernel<<<grid, block, 0, stream>>>(args...);
+  // clang-format on
+#endif
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    const std::string call = "launch of " + name() + " with grid " + dims_text(grid) + ", block " + dims_text(block);
+    throw_cuda_error(err, call.c_str(), __FILE__, __LINE__);
+  }
 }
 
 // A pointer the kernel reads or writes: required ones must not be null, and every one must be aligned to

@@ -101,12 +101,12 @@ void launch_reduce(const ReduceParams& p, DType dtype, RedOp op, cudaStream_t st
   const size_t scalars = p.n - p.nvec * (16 / sizeof(typename Elem<E>::storage));
   const size_t vec_items = (p.nvec + kUnroll - 1) / kUnroll;
   const size_t items = vec_items > scalars ? vec_items : scalars;
+  const auto name = [&] { return std::string("reduce(") + dtype_name(dtype) + ", " + redop_name(op) + ")"; };
   if (p.avg_divisor > 0) {
-    detail::launch(reduce_kernel<E, Op, true>, items, stream, p);
+    detail::launch(name, reduce_kernel<E, Op, true>, items, stream, p);
   } else {
-    detail::launch(reduce_kernel<E, Op, false>, items, stream, p);
+    detail::launch(name, reduce_kernel<E, Op, false>, items, stream, p);
   }
-  PYCOLL_CHECK_CUDA_LAUNCH(std::string("reduce(") + dtype_name(dtype) + ", " + redop_name(op) + ")");
 }
 
 template <class E>

@@ -14,8 +14,8 @@
 #if PYCOLL_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/kernels.h"
 #include "pycoll/cuda_check.h"
+#include "python/kernel_bindings.h"
 #endif
 
 namespace py = pybind11;
@@ -48,13 +48,9 @@ void check_device_pointer(uintptr_t ptr, const char* what, int device) {
                                               " but the current device is cuda:" + std::to_string(device));
 }
 
-void check_device_pointers(std::initializer_list<std::pair<uintptr_t, const char*>> ptrs) {
+void check_device_pointers(PointerList ptrs) {
   const int dev = current_device();
   for (const auto& [p, what] : ptrs) check_device_pointer(p, what, dev);
-}
-
-codec::Kind kind_of(int kind) {
-  return static_cast<codec::Kind>(kind);
 }
 
 }  // namespace
@@ -102,72 +98,7 @@ void bind_cuda(py::module_& m) {
       },
       py::arg("stream") = 0, "waits for the work enqueued on `stream` (0: the legacy default stream)");
 
-  c.def(
-      "reduce",
-      [](int dtype, int op, uintptr_t dst, uintptr_t dst2, uintptr_t a, uintptr_t b, size_t n, int avg_divisor,
-         uintptr_t stream) {
-        if (dtype < 0 || dtype >= kNumDTypes)
-          throw Error(ErrorKind::kInvalidUsage, "unknown dtype code " + std::to_string(dtype));
-        if (op < 0 || op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code " + std::to_string(op));
-        if (n == 0) return;
-        py::gil_scoped_release release;
-        check_device_pointers({{dst, "dst"}, {dst2, "dst2"}, {a, "a"}, {b, "b"}});
-        cuda::reduce(static_cast<DType>(dtype), static_cast<RedOp>(op), reinterpret_cast<void*>(dst),
-                     reinterpret_cast<void*>(dst2), reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b),
-                     n, avg_divisor, as_stream(stream));
-      },
-      py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("dst2"), py::arg("a"), py::arg("b"), py::arg("n"),
-      py::arg("avg_divisor") = 0, py::arg("stream") = 0,
-      "dst[i] = a[i] (+) b[i] (also into dst2 unless 0), / avg_divisor when > 0; enqueued on `stream`");
-
-  c.def(
-      "encode",
-      [](int kind, uint32_t block, int rounding, uintptr_t src, uintptr_t out, size_t n, uintptr_t residual,
-         double residual_scale, uintptr_t decoded, uintptr_t out2, uint64_t index, uint32_t key, uintptr_t stream) {
-        const cuda::CodecSpec spec{kind_of(kind), block, static_cast<codec::Rounding>(rounding)};
-        cuda::check_codec(spec);
-        codec::EncodeArgs a;
-        a.src = reinterpret_cast<const float*>(src);
-        a.out = reinterpret_cast<uint8_t*>(out);
-        a.n = n;
-        a.residual = reinterpret_cast<float*>(residual);
-        a.residual_scale = static_cast<float>(residual_scale);
-        a.decoded = reinterpret_cast<float*>(decoded);
-        a.out2 = reinterpret_cast<uint8_t*>(out2);
-        a.index = index;
-        a.key = key;
-        py::gil_scoped_release release;
-        if (n > 0)
-          check_device_pointers(
-              {{src, "src"}, {out, "out"}, {residual, "residual"}, {decoded, "decoded"}, {out2, "out2"}});
-        cuda::encode(spec, a, as_stream(stream));
-      },
-      py::arg("kind"), py::arg("block"), py::arg("rounding"), py::arg("src"), py::arg("out"), py::arg("n"),
-      py::arg("residual") = 0, py::arg("residual_scale") = 1.0, py::arg("decoded") = 0, py::arg("out2") = 0,
-      py::arg("index") = 0, py::arg("key") = 0, py::arg("stream") = 0,
-      "encodes n float32 values at src into out (see pycoll._C.Codec.encode); enqueued on `stream`");
-
-  c.def(
-      "decode",
-      [](int kind, uint32_t block, int rounding, uintptr_t data, uintptr_t dst, size_t n, uintptr_t acc,
-         uintptr_t residual, int divisor, uintptr_t stream) {
-        if (residual && !acc) throw Error(ErrorKind::kInvalidUsage, "residual needs acc");
-        const cuda::CodecSpec spec{kind_of(kind), block, static_cast<codec::Rounding>(rounding)};
-        cuda::check_codec(spec);
-        codec::DecodeArgs a;
-        a.in = reinterpret_cast<const uint8_t*>(data);
-        a.dst = reinterpret_cast<float*>(dst);
-        a.n = n;
-        a.acc = reinterpret_cast<const float*>(acc);
-        a.residual = reinterpret_cast<float*>(residual);
-        a.divisor = divisor;
-        py::gil_scoped_release release;
-        if (n > 0) check_device_pointers({{data, "data"}, {dst, "dst"}, {acc, "acc"}, {residual, "residual"}});
-        cuda::decode(spec, a, as_stream(stream));
-      },
-      py::arg("kind"), py::arg("block"), py::arg("rounding"), py::arg("data"), py::arg("dst"), py::arg("n"),
-      py::arg("acc") = 0, py::arg("residual") = 0, py::arg("divisor") = 0, py::arg("stream") = 0,
-      "dst = [acc (+ residual) +] decoded, then / divisor (see pycoll._C.Codec.decode); enqueued on `stream`");
+  def_kernels(c, check_device_pointers);
 }
 
 #else  // !PYCOLL_WITH_CUDA

@@ -21,6 +21,7 @@
 #include "engine/plan.h"
 #include "engine/plan_compiler.h"
 #include "python/bindings.h"
+#include "python/error_translation.h"
 #include "transport/hmac.h"
 
 #if PYCOLL_WITH_CUDA
@@ -251,46 +252,7 @@ void cpu_reduce(int dtype, int op, py::handle dst, py::handle a, py::handle b, i
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pycoll native core: shared-memory transport, plan executor, reduce kernels";
 
-  py::module_ errors = py::module_::import("pycoll.errors");
-  static py::object base_error = errors.attr("PycollError");
-  static py::object timeout_error = errors.attr("CollectiveTimeoutError");
-  static py::object peer_lost_error = errors.attr("PeerLostError");
-  static py::object mismatch_error = errors.attr("CollectiveMismatchError");
-  static py::object usage_error = errors.attr("InvalidUsageError");
-  static py::object nccl_error = errors.attr("NcclError");
-  static py::object broken_error = errors.attr("CommunicatorBrokenError");
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {
-      py::object cls = base_error;
-      switch (e.kind()) {
-        case ErrorKind::kTimeout:
-          cls = timeout_error;
-          break;
-        case ErrorKind::kPeerLost: {
-          py::object exc = peer_lost_error(e.what(), e.peer());
-          PyErr_SetObject(peer_lost_error.ptr(), exc.ptr());
-          return;
-        }
-        case ErrorKind::kMismatch:
-          cls = mismatch_error;
-          break;
-        case ErrorKind::kInvalidUsage:
-          cls = usage_error;
-          break;
-        case ErrorKind::kNccl:
-          cls = nccl_error;
-          break;
-        case ErrorKind::kBroken:
-          cls = broken_error;
-          break;
-        default:
-          break;
-      }
-      PyErr_SetString(cls.ptr(), e.what());
-    }
-  });
+  python::register_error_translator();
 
   py::list collectives, algorithms;
   for (auto* n : kCollectiveNames) collectives.append(n);

@@ -1,6 +1,6 @@
 // PYCOLL_CHECK_CUDA(call): a CUDA runtime call that fails throws pycoll::Error (kSystem) naming the error,
-// its text, the call and file:line. PYCOLL_CHECK_CUDA_LAUNCH(what) does the same for the kernel launch
-// just enqueued. Library code never prints or exits on a CUDA failure.
+// its text, the call and file:line (kernel launches are checked the same way by csrc/cuda/launch.cuh).
+// Library code never prints or exits on a CUDA failure.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,13 +25,4 @@ namespace pycoll {
   do {                                                                                                            \
     const cudaError_t pycoll_cuda_err_ = (call);                                                                  \
     if (pycoll_cuda_err_ != cudaSuccess) ::pycoll::throw_cuda_error(pycoll_cuda_err_, #call, __FILE__, __LINE__); \
-  } while (0)
-
-// After kernel<<<...>>>(...): a launch that failed (bad configuration, no device, a sticky error from an
-// earlier kernel) throws, naming the kernel.
-#define PYCOLL_CHECK_CUDA_LAUNCH(what)                                                                                \
-  do {                                                                                                                \
-    const cudaError_t pycoll_cuda_err_ = cudaGetLastError();                                                          \
-    if (pycoll_cuda_err_ != cudaSuccess)                                                                              \
-      ::pycoll::throw_cuda_error(pycoll_cuda_err_, (std::string("launch of ") + (what)).c_str(), __FILE__, __LINE__); \
   } while (0)
