@@ -17,8 +17,7 @@ function(pycoll_find_cuda_headers out)
   find_path(PYCOLL_CUDA_INCLUDE_DIR cuda_runtime_api.h
     HINTS ENV CUDA_HOME ENV CUDA_PATH ENV CUDAToolkit_ROOT
     PATH_SUFFIXES include targets/x86_64-linux/include targets/sbsa-linux/include
-    PATHS /usr/local/cuda /opt/cuda
-    NO_CMAKE_SYSTEM_PATH)
+    PATHS /usr/local/cuda /opt/cuda)
   set(${out} "${PYCOLL_CUDA_INCLUDE_DIR}" PARENT_SCOPE)
 endfunction()
 

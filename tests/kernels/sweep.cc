@@ -258,6 +258,8 @@ class Sweep {
   uint8_t* input(int slot, const void* data, size_t n, size_t offset, shadow::Use use, const char* name);
 
   std::vector<Spec> specs() const;
+  template <class Case>
+  void codec_cases(uint64_t salt, int variants, Case run);
   std::vector<size_t> reduce_sizes(size_t es) const;
   std::vector<size_t> codec_sizes(const Spec& s) const;
   void reduce_case(DType dt, RedOp op, size_t n, const size_t (&off)[3], bool dst2, bool in_place, int divisor, Rng& r);
@@ -489,27 +491,37 @@ void Sweep::encode_case(const Spec& s, size_t n, int variant, size_t foff, size_
       });
 }
 
-void Sweep::encode_all() {
-  const size_t float_offsets[] = {0, 4, 8, 12};
-  const size_t wire_offsets[] = {0, 1, 2, 3, 4, 8, 12};
+// Every codec x size x variant, the float arrays and the wire bytes at offsets that rotate through
+// kFloatOffsets and kWireOffsets; --quick takes half the variants.
+template <class Case>
+void Sweep::codec_cases(uint64_t salt, int variants, Case run) {
+  static const size_t kFloatOffsets[] = {0, 4, 8, 12};
+  static const size_t kWireOffsets[] = {0, 1, 2, 3, 4, 8, 12};
   size_t k = 0;
   for (const Spec& s : specs()) {
-    Rng r(static_cast<uint64_t>(s.kind) * 100000 + s.block * 2 + static_cast<uint64_t>(s.rounding));
+    Rng r(static_cast<uint64_t>(s.kind) * 100000 + s.block * 2 + static_cast<uint64_t>(s.rounding) + salt);
     for (size_t n : codec_sizes(s))
-      for (int v = 0; v < static_cast<int>(std::size(kEncodeVariants)); ++v, ++k)
-        if (!quick_ || v % 2 == static_cast<int>(n % 2))
-          encode_case(s, n, v, float_offsets[k % 4], wire_offsets[k % 7], r);
+      for (int v = 0; v < variants; ++v, ++k)
+        if (!quick_ || v % 2 == static_cast<int>(n % 2)) run(s, n, v, kFloatOffsets[k % 4], kWireOffsets[k % 7], k, r);
   }
 }
 
-// Decode variants: acc (0 none, 1 its own buffer, 2 dst itself), residual (with acc), divisor.
+void Sweep::encode_all() {
+  codec_cases(0, static_cast<int>(std::size(kEncodeVariants)),
+              [&](const Spec& s, size_t n, int v, size_t foff, size_t woff, size_t, Rng& r) {
+                encode_case(s, n, v, foff, woff, r);
+              });
+}
+
+// Decode variants: acc (0 none, 1 its own buffer, 2 dst itself), residual, divisor. A residual without acc
+// is ignored (it stays as it was), as by the CPU codecs.
 struct DecodeVariant {
   int acc;
   bool residual;
   int divisor;
 };
 const DecodeVariant kDecodeVariants[] = {{0, false, 0}, {1, false, 0}, {1, true, 3}, {2, true, 0},
-                                         {2, false, 7}, {0, false, 4}, {1, true, 0}};
+                                         {2, false, 7}, {0, false, 4}, {1, true, 0}, {0, true, 0}};
 
 void Sweep::decode_case(const Spec& s, size_t n, int variant, size_t foff, size_t woff, bool arbitrary, Rng& r) {
   const DecodeVariant& v = kDecodeVariants[variant];
@@ -558,10 +570,9 @@ void Sweep::decode_case(const Spec& s, size_t n, int variant, size_t foff, size_
         a.acc = v.acc == 2 ? a.dst
                 : v.acc    ? reinterpret_cast<float*>(input(2, acc.data(), fbytes, (foff + 4) % 16, U::kIn, "acc"))
                            : nullptr;
-        a.residual =
-            residual.empty()
-                ? nullptr
-                : reinterpret_cast<float*>(input(3, residual.data(), fbytes, (foff + 8) % 16, U::kInOut, "residual"));
+        a.residual = residual.empty() ? nullptr
+                                      : reinterpret_cast<float*>(input(3, residual.data(), fbytes, (foff + 8) % 16,
+                                                                       v.acc ? U::kInOut : U::kIn, "residual"));
       },
       [&] { cuda::decode(cuda::CodecSpec{s.kind, s.block, s.rounding}, a, nullptr); },
       [&] {
@@ -573,16 +584,10 @@ void Sweep::decode_case(const Spec& s, size_t n, int variant, size_t foff, size_
 }
 
 void Sweep::decode_all() {
-  const size_t float_offsets[] = {0, 4, 8, 12};
-  const size_t wire_offsets[] = {0, 1, 2, 3, 4, 8, 12};
-  size_t k = 0;
-  for (const Spec& s : specs()) {
-    Rng r(static_cast<uint64_t>(s.kind) * 100000 + s.block * 2 + static_cast<uint64_t>(s.rounding) + 7);
-    for (size_t n : codec_sizes(s))
-      for (int v = 0; v < static_cast<int>(std::size(kDecodeVariants)); ++v, ++k)
-        if (!quick_ || v % 2 == static_cast<int>(n % 2))
-          decode_case(s, n, v, float_offsets[k % 4], wire_offsets[k % 7], k % 5 == 0, r);
-  }
+  codec_cases(7, static_cast<int>(std::size(kDecodeVariants)),
+              [&](const Spec& s, size_t n, int v, size_t foff, size_t woff, size_t k, Rng& r) {
+                decode_case(s, n, v, foff, woff, k % 5 == 0, r);
+              });
 }
 
 // Bad input is refused before a launch, or by the launch, with pycoll's error, and nothing is written:
@@ -680,7 +685,7 @@ void Sweep::report(int selftests, double selftest_seconds) const {
   row("encode (fp16 bf16 int8 int4)", encode_);
   row("decode (fp16 bf16 int8 int4)", decode_);
   row("bad input (refused)", bad_);
-  std::printf("%-28s %8d %9s %9.1f\n", "emulation self-tests", selftests, "", selftest_seconds);
+  std::printf("%-28s %8d %9s %9.1f\n", "self-tests", selftests, "", selftest_seconds);
   const double total = reduce_.seconds + encode_.seconds + decode_.seconds + bad_.seconds + selftest_seconds;
   std::printf("%-28s %8llu %9llu %9.1f\n", "total",
               static_cast<unsigned long long>(reduce_.cases + encode_.cases + decode_.cases + bad_.cases + selftests),

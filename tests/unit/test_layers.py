@@ -56,6 +56,7 @@ RULES = Rules(
         "pycoll.bench": "tools",
         "pycoll.tuning.calibrate": "tools",
         "pycoll.doctor": "tools",
+        "pycoll.testing": "tools",  # test helpers shipped with pycoll (the emulated CUDA kernels)
         # integrations: imported only by users who have what they integrate with
         "pycoll.torch": "integrations",
         "pycoll.elastic": "integrations",  # the elastic training loop, over the core's shrink / grow
