@@ -204,12 +204,6 @@ SPECS = [Spec("fp16"), Spec("bf16")]
 SPECS += [Spec("int8", b) for b in (8, 24, 64, 256, 4096)] + [Spec("int4", b) for b in (8, 24, 32, 256, 4096)]
 SPECS += [Spec("int8", b, "stochastic") for b in (8, 64, 264)]
 SPECS += [Spec("int4", b, "stochastic") for b in (16, 32, 4096)]
-
-
-SPECS = [Spec("fp16"), Spec("bf16")]
-SPECS += [Spec("int8", b) for b in (8, 24, 64, 256, 4096)] + [Spec("int4", b) for b in (8, 24, 32, 256, 4096)]
-SPECS += [Spec("int8", b, "stochastic") for b in (8, 64, 264)]
-SPECS += [Spec("int4", b, "stochastic") for b in (16, 32, 4096)]
 ARBITRARY = [Spec("int8", 8), Spec("int4", 8), Spec("int4", 24), Spec("fp16"), Spec("bf16")]
 
 

@@ -80,6 +80,17 @@ def why_unavailable() -> str:
     return _why
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _count(x: Any, name: str, below: int) -> int:
+    """An integer argument in [0, below), or InvalidUsageError naming it."""
+    if not _is_int(x) or not 0 <= x < below:
+        raise InvalidUsageError(f"{name} must be an integer in [0, {below}), got {x!r}")
+    return int(x)
+
+
 def device_config(device: Mapping[str, Any] | None) -> dict[str, Any]:
     """``device`` with the defaults filled in, checked (InvalidUsageError names what was expected)."""
     config = dict(DEFAULT_DEVICE)
@@ -95,14 +106,14 @@ def device_config(device: Mapping[str, Any] | None) -> dict[str, Any]:
         config.update(device)
     for key in ("sms", "blocks_per_sm", "max_threads_per_block"):
         value = config[key]
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InvalidUsageError(f"device[{key!r}] must be an integer >= 1, got {value!r}")
+        if not _is_int(value) or not 1 <= value < 2**31:
+            raise InvalidUsageError(f"device[{key!r}] must be an integer in [1, 2**31), got {value!r}")
     if config["order"] not in ORDERS:
         raise InvalidUsageError(
             f"device['order'] must be one of {', '.join(ORDERS)}, got {config['order']!r}"
         )
     seed = config["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+    if not _is_int(seed) or not 0 <= seed < 2**64:
         raise InvalidUsageError(f"device['seed'] must be an integer in [0, 2**64), got {seed!r}")
     return config
 
@@ -154,8 +165,9 @@ def encode(codec: Any, x: Any, residual: np.ndarray | None = None, *, index: int
     src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     out = np.empty(c.encoded_bytes(src.size), dtype=np.uint8)
     res = None if residual is None else _floats(residual, "residual", src.size, writable=True)
+    index, key = _count(index, "index", 2**64), _count(key, "key", 2**32)
     native(device).encode(kind, block, rounding, src.ctypes.data, out.ctypes.data, src.size,
-                          residual=0 if res is None else res.ctypes.data, index=int(index), key=int(key))
+                          residual=0 if res is None else res.ctypes.data, index=index, key=key)
     return out
 
 
@@ -164,16 +176,16 @@ def decode(codec: Any, data: Any, n: int, *, acc: np.ndarray | None = None,
     """``codec.decode(data, n, acc=acc)`` by the emulated kernels: ``n`` float32 values (added to ``acc``
     when given) in a new array."""
     c, kind, block, rounding = _kernel_codec(codec)
-    n = int(n)
-    if n < 0:
-        raise InvalidUsageError(f"n must be >= 0, got {n}")
+    n = _count(n, "n", 2**63)
     wire = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if wire.size < c.encoded_bytes(n):
         raise InvalidUsageError(f"data holds {wire.size} bytes, {n} elements need {c.encoded_bytes(n)}")
     dst = np.empty(n, dtype=np.float32)
     acc_in = None
     if acc is not None:
-        acc_in = _floats(np.ascontiguousarray(acc, dtype=np.float32).reshape(-1), "acc", n, writable=False)
+        acc_in = np.ascontiguousarray(acc, dtype=np.float32).reshape(-1)
+        if acc_in.size != n:
+            raise InvalidUsageError(f"acc must hold n = {n} values, got {acc_in.size}")
     native(device).decode(kind, block, rounding, wire.ctypes.data, dst.ctypes.data, n,
                           acc=0 if acc_in is None else acc_in.ctypes.data)
     return dst
@@ -182,8 +194,9 @@ def decode(codec: Any, data: Any, n: int, *, acc: np.ndarray | None = None,
 def reduce(op: str, inputs: Sequence[Any], out: Any, *, device: Mapping[str, Any] | None = None) -> Any:
     """``out = inputs[0] (+) inputs[1] (+) ...`` by the emulated reduce kernel, one launch per input after
     the first two, as the executor chains them; ``avg`` divides by ``len(inputs)`` in the last launch (the
-    finalize step of an average). Host arrays (numpy, torch CPU) of one dtype and size; ``out`` may be one
-    of the inputs. Returns ``out``."""
+    finalize step of an average). Host arrays (numpy, torch CPU) of one dtype and size; ``out`` may be
+    ``inputs[0]`` or ``inputs[1]`` (the first launch reads both before it writes), but may overlap no other
+    input. Returns ``out``."""
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence) or len(inputs) < 2:
         raise InvalidUsageError("inputs must be a sequence of at least two arrays")
     dst = as_buffer(out, "out", writable=True)
@@ -195,6 +208,13 @@ def reduce(op: str, inputs: Sequence[Any], out: Any, *, device: Mapping[str, Any
             raise InvalidUsageError(
                 f"{name} holds {buf.count} {buf.dtype} values, out holds {dst.count} {dst.dtype}: "
                 "they must agree"
+            )
+    for i, b in enumerate(srcs):
+        same = b.ptr == dst.ptr and i < 2
+        if dst.overlaps(b) and not same:
+            raise InvalidUsageError(
+                f"out overlaps inputs[{i}]: out may be inputs[0] or inputs[1] itself, and no part of another "
+                "input (the launches before would have written over it)"
             )
     code = op_code(op, dst)
     divisor = len(srcs) if op.lower() == "avg" else 0

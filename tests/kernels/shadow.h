@@ -6,7 +6,9 @@
 //   - a read of a buffer that is only an output, a write to one that is only an input, is an error;
 //   - any access to the arena's data pages (guarded.h) outside every buffer is an error, exact to the byte
 //     on both sides (where guard pages and AddressSanitizer see whole pages and granules).
-// Accesses elsewhere (stacks, the emulation's own state) are not the kernels' data and are ignored.
+// Accesses elsewhere (stacks, the emulation's own state) are not the kernels' data and are ignored. Not seen:
+// memcpy / memset calls the compiler leaves as calls (the instrumentation covers loads and stores; the
+// kernels' memcpy are between locals).
 // In the AddressSanitizer build there are no hooks: enabled() is false and the rest does nothing.
 #pragma once
 

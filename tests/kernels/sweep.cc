@@ -642,9 +642,8 @@ void Sweep::bad_input() {
          cuda::reduce(DType::kInt32, static_cast<RedOp>(9), out, nullptr, in, in, n, 0, nullptr);
        }},
       {"a device of 128 threads per block", ErrorKind::kSystem,
-       "cudaErrorInvalidConfiguration (invalid configuration argument; emulation: grid 1, block 256: a block of 256 "
-       "threads, more than the device's 128) in launch of encode(int8(block=64)) with grid (1, 1, 1), block (256, 1, "
-       "1)",
+       "cudaErrorInvalidConfiguration (invalid configuration argument; emulation: a block of 256 threads, more "
+       "than the device's 128) in launch of encode(int8(block=64)) with grid (1, 1, 1), block (256, 1, 1)",
        [&](uint8_t* in, uint8_t* out) {
          emulation::use_device(DeviceShape{4, 1, 128}, Schedule{});
          e.src = reinterpret_cast<const float*>(in), e.out = out;

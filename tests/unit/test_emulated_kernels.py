@@ -31,14 +31,20 @@ from pycoll.compression import BF16, FP16, Int4, Int8
 from pycoll.errors import InvalidUsageError, PycollError
 from pycoll.testing import emulated_kernels as ek
 
-CUDA_HEADERS = [os.path.join(d, "include", "cuda_runtime_api.h")
-                for d in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda") if d]
+
+def cuda_headers() -> list[str]:
+    """Where the build looks for cuda_runtime_api.h (cmake/PycollEmulation.cmake)."""
+    roots = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")]
+    roots += ["/usr/local/cuda", "/opt/cuda", "/usr"]
+    subdirs = ("include", "targets/x86_64-linux/include", "targets/sbsa-linux/include")
+    found = [os.path.join(r, d, "cuda_runtime_api.h") for r in roots if r for d in subdirs]
+    return [h for h in found if os.path.exists(h)]
 
 
 def test_built_wherever_cuda_was() -> None:
-    """A build that found nvcc (or the CUDA headers where CI has them) has the emulated kernels too: a
-    silent build without them would turn every test below into a skip."""
-    if not (_C.cuda.built() or any(os.path.exists(h) for h in CUDA_HEADERS)):
+    """A build that found nvcc or the CUDA headers has the emulated kernels too: a silent build without them
+    would turn every test below into a skip."""
+    if not (_C.cuda.built() or cuda_headers()):
         pytest.skip("no CUDA headers on this machine, so no emulated kernels are expected")
     assert ek.available(), ek.why_unavailable()
 
@@ -191,6 +197,22 @@ def test_reduce_chains_inputs_and_averages_in_the_last_launch() -> None:
     ints = [np.arange(10, dtype=np.int64) * k for k in (1, 2, 3)]
     ek.reduce("prod", ints, ints[0])
     assert (ints[0] == np.arange(10) ** 3 * 6).all(), "in place into the first input"
+    ints = [np.arange(10, dtype=np.int64) * k for k in (1, 2, 3)]
+    ek.reduce("sum", ints, ints[1])
+    assert (ints[1] == np.arange(10) * 6).all(), "in place into the second input"
+
+
+@needs_emulation
+def test_reduce_refuses_an_out_that_later_inputs_share() -> None:
+    """The first launch writes out before the third input is read: out may not be (part of) it, nor
+    straddle the first two."""
+    xs = [np.ones(8, dtype=np.float32) * k for k in (1, 2, 3)]
+    with pytest.raises(InvalidUsageError, match=r"out overlaps inputs\[2\]"):
+        ek.reduce("sum", xs, xs[2])
+    whole = np.ones(9, dtype=np.float32)
+    with pytest.raises(InvalidUsageError, match=r"out overlaps inputs\[0\]"):
+        ek.reduce("sum", [whole[1:], xs[1]], whole[:-1])
+    assert (xs[2] == 3).all() and (whole == 1).all(), "nothing was written"
 
 
 @needs_emulation
@@ -200,7 +222,7 @@ def test_bad_arguments_name_what_was_expected() -> None:
         ek.encode(Int8(64), x, device={"sm": 1})
     with pytest.raises(InvalidUsageError, match="order.*in_order, reversed, random"):
         ek.encode(Int8(64), x, device={"order": "backwards"})
-    with pytest.raises(InvalidUsageError, match=r"device\['sms'\] must be an integer >= 1"):
+    with pytest.raises(InvalidUsageError, match=r"device\['sms'\] must be an integer in \[1, "):
         ek.encode(Int8(64), x, device={"sms": 0})
     with pytest.raises(InvalidUsageError, match="max_threads_per_block must be in"):
         ek.encode(Int8(64), x, device={"max_threads_per_block": 2048})
@@ -210,6 +232,16 @@ def test_bad_arguments_name_what_was_expected() -> None:
         ek.encode(Int8(64), x, np.zeros(15, dtype=np.float32))
     with pytest.raises(InvalidUsageError, match="data holds 3 bytes, 16 elements need 20"):
         ek.decode(Int8(64), np.zeros(3, dtype=np.uint8), 16)
+    with pytest.raises(InvalidUsageError, match=r"n must be an integer in \[0, "):
+        ek.decode(Int8(64), np.zeros(40, dtype=np.uint8), 16.5)
+    with pytest.raises(InvalidUsageError, match="acc must hold n = 16 values, got 15"):
+        ek.decode(Int8(64), np.zeros(40, dtype=np.uint8), 16, acc=np.zeros(15))
+    with pytest.raises(InvalidUsageError, match=r"key must be an integer in \[0, 4294967296\)"):
+        ek.encode(Int8(64), x, key=2**32)
+    with pytest.raises(InvalidUsageError, match="index must be an integer"):
+        ek.encode(Int8(64), x, index=-64)
+    with pytest.raises(InvalidUsageError, match=r"blocks_per_sm'\] must be an integer in \[1, 2\*\*31\)"):
+        ek.encode(Int8(64), x, device={"blocks_per_sm": 2**31})
     with pytest.raises(InvalidUsageError, match="at least two arrays"):
         ek.reduce("sum", [x], x)
     with pytest.raises(InvalidUsageError, match="inputs.1. holds 8 float32 values, out holds 16"):

@@ -94,8 +94,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
 
 // Launch bounds tell nvcc how many registers a thread may use; the emulation has no registers to share.
 #define __launch_bounds__(...)
-// A block's shared memory: a static of the kernel (blocks run one at a time). Dynamic shared memory
-// (extern __shared__) is not emulated: a launch asking for it is refused.
+// A block's shared memory: a static of the kernel (blocks run one at a time). Dynamic shared memory is not
+// emulated: `extern __shared__` does not compile here, and a launch asking for shared bytes is refused.
 #undef __shared__
 #define __shared__ static
 #define __syncthreads() ::pycoll::emulation::detail::block_barrier(__FILE__, __LINE__)

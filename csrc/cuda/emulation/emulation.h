@@ -5,10 +5,12 @@
 // A launch runs its blocks one after another on the calling thread, in the order the schedule gives.
 // Within a block, threads run as plain calls, one after another, until one reaches a warp operation
 // (__shfl*_sync, __syncwarp, votes) or __syncthreads; from there each waiting thread keeps a fiber of
-// its own (ucontext, with a guard page under its stack) and the next threads start on a new one. A warp
-// operation returns once every lane of its mask has arrived at the same call site; a lane that exited,
-// waits elsewhere, or passes a bad width or offset stops the launch with a fault (below). Launches are
-// synchronous and serialized process-wide (a __shared__ array is a static of its kernel).
+// its own (a stack with a guard page under it) and the next threads start on a new one. A warp operation
+// returns once every lane of its mask that has not exited has arrived at the same call site, with CUDA's
+// semantics where CUDA defines them; what it leaves undefined (a shuffle reading a lane that exited or is
+// outside the mask, a bad width, a mask without the caller) and a lane waiting at another call site stop
+// the launch with a fault (below; scheduler.cc lists them). Launches are synchronous and serialized
+// process-wide (a __shared__ array is a static of its kernel).
 //
 // Faults and bad configurations are reported as a GPU reports them, through cudaGetLastError(): a
 // configuration the device cannot run is cudaErrorInvalidConfiguration and runs nothing; a misused warp

@@ -1,7 +1,7 @@
-// Fibers for the emulated threads that wait in a warp operation or a barrier: ucontext contexts on
-// mmap'ed stacks with a guard page below each, switched only between the scheduler (the launching
-// thread's own stack) and one fiber at a time. Switches are annotated for AddressSanitizer, so that a
-// sanitizer build follows the stacks. Not thread-safe: the scheduler holds the process-wide launch lock.
+// Fibers for the emulated threads that wait in a warp operation or a barrier: mmap'ed stacks with a guard
+// page below each, switched only between the scheduler (the launching thread's own stack) and one fiber at
+// a time (fiber.cc says how). Switches are annotated for AddressSanitizer, so that a sanitizer build follows
+// the stacks. Not thread-safe: the scheduler holds the process-wide launch lock.
 #pragma once
 
 #include <cstdint>

@@ -10,10 +10,19 @@
 //   pending     threads not started yet, in the schedule's order.
 //   ready       threads released by a completed rendezvous or barrier, waiting to be resumed.
 //   rendezvous  the lanes of one warp waiting in one warp operation: opened by the first lane of its
-//               mask to arrive (with its call site, operation, mask and width), complete when every lane
-//               of the mask has arrived; masks of one warp that do not overlap are separate rendezvous.
-//   fault       a use of the model that is undefined on a GPU (a lane of a mask exited or waits at another
-//               call site, a width or offset out of range, ...): the launch stops and reports it.
+//               mask to arrive (with its call site, operation, mask and width), complete when every lane of
+//               the mask that has not exited has arrived (lanes past the end of a partial warp count as
+//               exited); masks of one warp that do not overlap are separate rendezvous.
+//   fault       what CUDA leaves undefined, and a call-site mismatch: the launch stops and reports it.
+//
+// The semantics are CUDA's where it defines them: exited lanes take no part in __syncwarp and the votes
+// (a ballot has 0 for them); a shuffle source out of range is the caller's own value (up / down past the
+// width's segment, xor into a later segment) or taken modulo the width (__shfl_sync). Faults: a mask that
+// leaves out the caller; a width that is not a power of two in [1, 32]; a shuffle that reads a lane outside
+// its mask, or one that exited or does not exist; a lane that waits at another call site, operation, mask
+// or width than the lanes it overlaps (stricter than sm_70 and later, where different shfl.sync
+// instructions may pair up: kernels that rely on it are fragile); __syncthreads at two call sites, or after
+// a thread of the block exited (the CUDA guide leaves barriers in divergent code undefined); a deadlock.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -61,7 +70,7 @@ struct Rendezvous {
 
 struct Warp {
   unsigned present = 0;  // lanes that exist (the last warp of a block may be partial)
-  unsigned exited = 0;
+  unsigned exited = 0;   // lanes that returned from the kernel, and those that do not exist
   std::vector<Rendezvous> open;
 };
 
@@ -87,6 +96,7 @@ struct Launch {
   std::deque<uint32_t> ready;
   uint32_t waiting = 0;
   const Thread* first_exited = nullptr;
+  bool out_of_memory = false;
   Barrier barrier;
 
   Thread* current = nullptr;
@@ -100,10 +110,6 @@ std::mutex launch_mutex;
 Launch L;
 
 // ---- messages ------------------------------------------------------------------------------------------------
-std::string dims(const dim3& d) {
-  if (d.y == 1 && d.z == 1) return std::to_string(d.x);
-  return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
-}
 std::string index_text(const uint3& i, const dim3& of) {
   if (of.y == 1 && of.z == 1) return std::to_string(i.x);
   return "(" + std::to_string(i.x) + "," + std::to_string(i.y) + "," + std::to_string(i.z) + ")";
@@ -209,26 +215,15 @@ bool ready_first() {
 }
 
 // ---- warp operations ----------------------------------------------------------------------------------------
-void check_call(const Thread& t, const Warp& warp, WarpOp op, unsigned mask, int arg, int width, const char* file,
-                int line) {
+void check_call(const Thread& t, WarpOp op, unsigned mask, int width, const char* file, int line) {
   const unsigned me = 1u << (t.id % kWarp);
   const auto call = [&] { return call_text(op, file, line, mask, width); };  // no string lives across a fault
   if (!(mask & me)) FAULT(who(t) + " calls " + call() + ", whose mask leaves out its own lane");
-  if (mask & ~warp.present)
-    FAULT(who(t) + " calls " + call() + ": the mask names " + lanes(mask & ~warp.present) +
-          ", which its warp does not have (a block of " + std::to_string(L.threads.size()) + " threads)");
   if (width < 1 || width > static_cast<int>(kWarp) || (width & (width - 1)) != 0)
     FAULT(who(t) + " calls " + call() + ": the width must be a power of two in [1, 32]");
-  if (op == WarpOp::kShfl && arg < 0)
-    FAULT(who(t) + " calls " + call() + " with a negative source lane " + std::to_string(arg));
-  if ((op == WarpOp::kShflUp || op == WarpOp::kShflDown || op == WarpOp::kShflXor) && (arg < 0 || arg >= width))
-    FAULT(who(t) + " calls " + call() + " with " + (op == WarpOp::kShflXor ? "lane mask " : "delta ") +
-          std::to_string(arg) + ", outside [0, width)");
-  if (mask & warp.exited)
-    FAULT(who(t) + " calls " + call() + ", but " + lanes(mask & warp.exited) + " of its mask exited");
 }
 
-// The lane whose value lane `l` receives, for the shuffles.
+// The lane whose value lane `l` receives, for the shuffles (CUDA's rules for sources out of range).
 uint32_t source_lane(WarpOp op, uint32_t l, int arg, int width) {
   const uint32_t w = static_cast<uint32_t>(width), a = static_cast<uint32_t>(arg);
   switch (op) {
@@ -237,32 +232,44 @@ uint32_t source_lane(WarpOp op, uint32_t l, int arg, int width) {
     case WarpOp::kShflUp:
       return (l & (w - 1)) >= a ? l - a : l;
     case WarpOp::kShflDown:
-      return (l & (w - 1)) + a < w ? l + a : l;
-    case WarpOp::kShflXor:
-      return l ^ a;
+      return static_cast<uint64_t>(l & (w - 1)) + a < w ? l + a : l;
+    case WarpOp::kShflXor: {
+      const uint32_t src = l ^ a;
+      return src > (l | (w - 1)) ? l : src;  // a later segment (or past the warp): its own value
+    }
     default:
       return l;
   }
 }
 
-// Every lane of `r` has arrived: each one's result, then all of them released. (The sources are checked
-// first, while no vector is alive: a fault abandons this frame.)
+// Lanes of `r` still to arrive: those of its mask that have neither arrived nor exited.
+bool all_arrived(const Warp& warp, const Rendezvous& r) {
+  return (r.mask & ~warp.exited & ~r.arrived) == 0;
+}
+
+// Every lane of `r` that has not exited has arrived: each one's result, then all of them released. (The
+// sources are checked first, while no vector is alive: a fault abandons this frame.)
 void complete(uint32_t warp, const Rendezvous& r) {
   const uint32_t base = warp * kWarp;
+  const Warp& w = L.warps[warp];
   const bool shuffle =
       r.op == WarpOp::kShfl || r.op == WarpOp::kShflUp || r.op == WarpOp::kShflDown || r.op == WarpOp::kShflXor;
   unsigned votes = 0;
   for (uint32_t l = 0; l < kWarp; ++l) {
-    if (!((r.mask >> l) & 1u)) continue;
+    if (!((r.arrived >> l) & 1u)) continue;
     const Thread& t = L.threads[base + l];
     if (t.wait.value != 0) votes |= 1u << l;
-    if (shuffle && !((r.mask >> source_lane(r.op, l, t.wait.arg, r.width)) & 1u))
-      FAULT(who(t) + " reads lane " + std::to_string(source_lane(r.op, l, t.wait.arg, r.width)) + " in " +
-            call_text(r.op, r.file, r.line, r.mask, r.width) + ", a lane outside the mask");
+    const uint32_t src = shuffle ? source_lane(r.op, l, t.wait.arg, r.width) : l;
+    if ((r.arrived >> src) & 1u) continue;
+    const char* why = !((r.mask >> src) & 1u)     ? ", a lane outside the mask"
+                      : ((w.present >> src) & 1u) ? ", which exited"
+                                                  : ", which does not exist (a partial warp)";
+    FAULT(who(t) + " reads lane " + std::to_string(src) + " in " + call_text(r.op, r.file, r.line, r.mask, r.width) +
+          why);
   }
   std::vector<uint32_t> ids;
   for (uint32_t l = 0; l < kWarp; ++l) {
-    if (!((r.mask >> l) & 1u)) continue;
+    if (!((r.arrived >> l) & 1u)) continue;
     Thread& t = L.threads[base + l];
     switch (r.op) {
       case WarpOp::kBallot:
@@ -272,7 +279,7 @@ void complete(uint32_t warp, const Rendezvous& r) {
         t.wait.result = votes != 0;
         break;
       case WarpOp::kAll:
-        t.wait.result = votes == r.mask;
+        t.wait.result = votes == r.arrived;
         break;
       case WarpOp::kSyncwarp:
         t.wait.result = 0;
@@ -296,7 +303,7 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width, c
   Thread& t = *L.current;
   const uint32_t w = t.id / kWarp;
   Warp& warp = L.warps[w];
-  check_call(t, warp, op, mask, arg, width, file, line);
+  check_call(t, op, mask, width, file, line);
   auto it = std::find_if(warp.open.begin(), warp.open.end(), [&](const Rendezvous& r) { return (r.mask & mask) != 0; });
   if (it == warp.open.end()) {
     warp.open.push_back(Rendezvous{op, file, line, mask, width, 0});
@@ -308,7 +315,7 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width, c
   }
   it->arrived |= 1u << (t.id % kWarp);
   t.wait = Wait{op, arg, value, 0};
-  if (it->arrived == mask) {
+  if (all_arrived(warp, *it)) {
     const Rendezvous r = *it;
     warp.open.erase(it);
     complete(w, r);
@@ -343,33 +350,46 @@ void block_barrier(const char* file, int line) {
 
 namespace {
 
+// A thread returned from the kernel. Rendezvous that waited only for it complete without it.
 void thread_exited(Thread& t) {
   t.state = State::kExited;
   if (!L.first_exited) L.first_exited = &t;
   const unsigned me = 1u << (t.id % kWarp);
-  Warp& warp = L.warps[t.id / kWarp];
+  const uint32_t w = t.id / kWarp;
+  Warp& warp = L.warps[w];
   warp.exited |= me;
-  for (const Rendezvous& r : warp.open)
-    if (r.mask & me)
-      FAULT(who(t) + " exited while " + lanes(r.arrived) + " waited for it in " +
-            call_text(r.op, r.file, r.line, r.mask, r.width));
   if (L.barrier.arrived > 0)
     FAULT(who(t) + " exited while " + std::to_string(L.barrier.arrived) +
           " threads of its block waited in __syncthreads at " + site(L.barrier.file, L.barrier.line));
+  for (size_t i = 0; i < warp.open.size();) {
+    if ((warp.open[i].mask & me) && all_arrived(warp, warp.open[i])) {
+      const Rendezvous r = warp.open[i];
+      warp.open.erase(warp.open.begin() + static_cast<std::ptrdiff_t>(i));
+      complete(w, r);
+    } else {
+      ++i;
+    }
+  }
   ++L.record.threads;
 }
 
-// A runner's entry (the names above).
+// A runner's entry (the names above). Nothing may unwind past it (it is the bottom of its stack): the
+// scheduler's own allocations failing in a thread's warp operation stop the launch as a fault.
 void runner() {
   started();
   Fiber* self = L.starting;
-  while (L.next_pending < L.pending.size()) {
-    Thread& t = L.threads[L.pending[L.next_pending++]];
-    t.fiber = self;
-    t.state = State::kRunning;
-    L.current = &t;
-    L.body(L.call);
-    thread_exited(t);
+  try {
+    while (L.next_pending < L.pending.size()) {
+      Thread& t = L.threads[L.pending[L.next_pending++]];
+      t.fiber = self;
+      t.state = State::kRunning;
+      L.current = &t;
+      L.body(L.call);
+      thread_exited(t);
+    }
+  } catch (const std::bad_alloc&) {
+    L.out_of_memory = true;
+    FAULT("out of memory in the emulation's scheduler");
   }
   L.finished = self;
   finish();
@@ -412,6 +432,7 @@ void setup_block(uint64_t linear) {
     const uint32_t count = std::min(kWarp, n - w * kWarp);
     L.warps[w] = Warp{};
     L.warps[w].present = count == kWarp ? ~0u : (1u << count) - 1u;
+    L.warps[w].exited = ~L.warps[w].present;
   }
   L.pending.resize(n);
   for (uint32_t id = 0; id < n; ++id) L.pending[id] = id;
@@ -478,21 +499,19 @@ class BlockOrder {
   uint64_t mul_ = 1, add_ = 0;
 };
 
-// Why the current device cannot run this configuration (empty when it can).
+// Why the current device cannot run this configuration, empty when it can (launch.cuh's check names the
+// configuration itself).
 std::string configuration_problem(dim3 grid, dim3 block, size_t shared_bytes) {
   const DeviceShape shape = current_shape();
-  const std::string config = "grid " + dims(grid) + ", block " + dims(block);
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return config + ": a grid dimension is 0";
-  if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u)
-    return config + ": the grid exceeds (2147483647, 65535, 65535)";
-  if (block.x == 0 || block.y == 0 || block.z == 0) return config + ": a block dimension is 0";
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return "a grid dimension is 0";
+  if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u) return "the grid exceeds (2147483647, 65535, 65535)";
+  if (block.x == 0 || block.y == 0 || block.z == 0) return "a block dimension is 0";
   const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
   if (threads > static_cast<uint64_t>(shape.max_threads_per_block))
-    return config + ": a block of " + std::to_string(threads) + " threads, more than the device's " +
+    return "a block of " + std::to_string(threads) + " threads, more than the device's " +
            std::to_string(shape.max_threads_per_block);
-  if (block.z > 64) return config + ": a block deeper than 64 threads in z";
-  if (shared_bytes > 0)
-    return config + ": " + std::to_string(shared_bytes) + " bytes of dynamic shared memory (not emulated)";
+  if (block.z > 64) return "a block deeper than 64 threads in z";
+  if (shared_bytes > 0) return std::to_string(shared_bytes) + " bytes of dynamic shared memory (not emulated)";
   return std::string();
 }
 
@@ -529,13 +548,14 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, Body body, const void*
   L.call = call;
   L.record.ran = true;
   const uint64_t switches_before = switch_count();
-  cudaError_t err = cudaErrorLaunchFailure;
+  L.out_of_memory = false;
   try {
     run_launch(current_schedule());
   } catch (const std::bad_alloc&) {
-    err = cudaErrorMemoryAllocation;
-    L.fault = "no memory for the stack of another fiber";
+    L.out_of_memory = true;
+    L.fault = "out of memory in the emulation's scheduler (a fiber's stack, or its thread tables)";
   }
+  const cudaError_t err = L.out_of_memory ? cudaErrorMemoryAllocation : cudaErrorLaunchFailure;
   // A fault abandons the fibers of its block where they stand: back to the pool, reset when next taken.
   for (Fiber* f : L.busy) give_back(f, true);
   L.busy.clear();
