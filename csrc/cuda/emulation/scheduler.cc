@@ -242,7 +242,7 @@ uint32_t source_lane(WarpOp op, uint32_t l, int arg, int width) {
   }
 }
 
-// Lanes of `r` still to arrive: those of its mask that have neither arrived nor exited.
+// Whether every lane of `r`'s mask has arrived or exited.
 bool all_arrived(const Warp& warp, const Rendezvous& r) {
   return (r.mask & ~warp.exited & ~r.arrived) == 0;
 }
