@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <utility>
 
 #include "pycoll/errors.h"
 #include "python/bindings.h"
@@ -24,10 +23,6 @@ namespace pycoll::python {
 
 #if PYCOLL_WITH_CUDA
 namespace {
-
-cudaStream_t as_stream(uintptr_t s) {
-  return reinterpret_cast<cudaStream_t>(s);
-}
 
 int current_device() {
   int dev = 0;

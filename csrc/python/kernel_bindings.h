@@ -20,13 +20,17 @@ namespace pycoll::python {
 using PointerList = std::initializer_list<std::pair<uintptr_t, const char*>>;
 using CheckPointers = void (*)(PointerList);
 
+// A stream handed in from Python as an int (0: the legacy default stream).
+inline cudaStream_t as_stream(uintptr_t s) {
+  return reinterpret_cast<cudaStream_t>(s);
+}
+
 inline void def_kernels(pybind11::module_& c, CheckPointers check_pointers) {
   namespace py = pybind11;
-  auto as_stream = [](uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); };
   c.def(
       "reduce",
-      [as_stream, check_pointers](int dtype, int op, uintptr_t dst, uintptr_t dst2, uintptr_t a, uintptr_t b, size_t n,
-                                  int avg_divisor, uintptr_t stream) {
+      [check_pointers](int dtype, int op, uintptr_t dst, uintptr_t dst2, uintptr_t a, uintptr_t b, size_t n,
+                       int avg_divisor, uintptr_t stream) {
         if (dtype < 0 || dtype >= kNumDTypes)
           throw Error(ErrorKind::kInvalidUsage, "unknown dtype code " + std::to_string(dtype));
         if (op < 0 || op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code " + std::to_string(op));
@@ -43,9 +47,9 @@ inline void def_kernels(pybind11::module_& c, CheckPointers check_pointers) {
 
   c.def(
       "encode",
-      [as_stream, check_pointers](int kind, uint32_t block, int rounding, uintptr_t src, uintptr_t out, size_t n,
-                                  uintptr_t residual, double residual_scale, uintptr_t decoded, uintptr_t out2,
-                                  uint64_t index, uint32_t key, uintptr_t stream) {
+      [check_pointers](int kind, uint32_t block, int rounding, uintptr_t src, uintptr_t out, size_t n,
+                       uintptr_t residual, double residual_scale, uintptr_t decoded, uintptr_t out2, uint64_t index,
+                       uint32_t key, uintptr_t stream) {
         const cuda::CodecSpec spec{static_cast<codec::Kind>(kind), block, static_cast<codec::Rounding>(rounding)};
         cuda::check_codec(spec);
         codec::EncodeArgs a;
@@ -70,8 +74,8 @@ inline void def_kernels(pybind11::module_& c, CheckPointers check_pointers) {
 
   c.def(
       "decode",
-      [as_stream, check_pointers](int kind, uint32_t block, int rounding, uintptr_t data, uintptr_t dst, size_t n,
-                                  uintptr_t acc, uintptr_t residual, int divisor, uintptr_t stream) {
+      [check_pointers](int kind, uint32_t block, int rounding, uintptr_t data, uintptr_t dst, size_t n, uintptr_t acc,
+                       uintptr_t residual, int divisor, uintptr_t stream) {
         if (residual && !acc) throw Error(ErrorKind::kInvalidUsage, "residual needs acc");
         const cuda::CodecSpec spec{static_cast<codec::Kind>(kind), block, static_cast<codec::Rounding>(rounding)};
         cuda::check_codec(spec);
