@@ -27,6 +27,10 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 #: The file in the build directory naming the build environment its CMake cache was made in.
 _STAMP = "pycoll-build-environment.json"
+#: The modules the CMake build makes besides pycoll._C where it can (CMakeLists.txt): the emulated CUDA
+#: kernels need the CUDA toolkit's headers. setuptools installs, and for ``pip install -e`` copies into the
+#: source tree, only the extensions it was told of, so each one this build made is added to that list.
+_OPTIONAL_MODULES = ("pycoll._emulated_kernels",)
 
 
 class CMakeExtension(Extension):
@@ -59,6 +63,13 @@ def _prepare_build_dir(build_temp: Path, environment: dict[str, str | None]) -> 
 
 
 class CMakeBuild(build_ext):
+    def build_extensions(self) -> None:
+        optional = {name: Path(self.get_ext_fullpath(name)) for name in _OPTIONAL_MODULES}
+        for path in optional.values():  # not an earlier build's: a stale module would be installed too
+            path.unlink(missing_ok=True)
+        super().build_extensions()
+        self.extensions += [CMakeExtension(name) for name, path in optional.items() if path.exists()]
+
     def build_extension(self, ext: Extension) -> None:
         import pybind11
 
