@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent
 _STAMP = "pycoll-build-environment.json"
 #: The modules the CMake build makes besides pycoll._C where it can (CMakeLists.txt): the emulated CUDA
 #: kernels need the CUDA toolkit's headers. setuptools installs, and for ``pip install -e`` copies into the
-#: source tree, only the extensions it was told of, so each one this build made is added to that list.
+#: source tree, only the extensions it was told of: each is declared, and dropped where the build made none.
 _OPTIONAL_MODULES = ("pycoll._emulated_kernels",)
 
 
@@ -68,9 +68,13 @@ class CMakeBuild(build_ext):
         for path in optional.values():  # not an earlier build's: a stale module would be installed too
             path.unlink(missing_ok=True)
         super().build_extensions()
-        self.extensions += [CMakeExtension(name) for name, path in optional.items() if path.exists()]
+        self.extensions = [
+            ext for ext in self.extensions if ext.name not in optional or optional[ext.name].exists()
+        ]
 
     def build_extension(self, ext: Extension) -> None:
+        if ext.name in _OPTIONAL_MODULES:
+            return  # made by pycoll._C's CMake build, where it can be
         import pybind11
 
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
@@ -107,4 +111,7 @@ class CMakeBuild(build_ext):
         subprocess.run([cmake, "--build", ".", "--config", cfg, "-j", jobs], cwd=build_temp, check=True)
 
 
-setup(ext_modules=[CMakeExtension("pycoll._C")], cmdclass={"build_ext": CMakeBuild})
+setup(
+    ext_modules=[CMakeExtension(name) for name in ("pycoll._C", *_OPTIONAL_MODULES)],
+    cmdclass={"build_ext": CMakeBuild},
+)

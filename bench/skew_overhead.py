@@ -118,7 +118,7 @@ def _make(base_comm: Any, settings: Any, timeout: float) -> Any:
     from pycoll.comm import Communicator
 
     return Communicator(
-        base_comm._store, base_comm.rank, base_comm.world_size, timeout=timeout, settings=settings
+        base_comm.store, base_comm.rank, base_comm.world_size, timeout=timeout, settings=settings
     )
 
 

@@ -10,7 +10,7 @@ import atexit
 import logging
 import sys
 import threading
-from typing import Any, Callable, Literal, TypeVar, Union, overload
+from typing import Any, Literal, TypeVar, Union, overload
 
 import numpy as np
 
@@ -20,8 +20,9 @@ from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
 from pycoll.auto import DEFAULT_ERROR_BUDGET as DEFAULT_ERROR_BUDGET  # (decided in pycoll.auto)
 from pycoll.auto import auto_compressed_algorithm as auto_compressed_algorithm
 from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
+from pycoll.call import Call, compression_refusal
 from pycoll.comm import Communicator
-from pycoll.compression import CODEC_DTYPES, Codec, ErrorFeedback, get_codec
+from pycoll.compression import Codec, ErrorFeedback, get_codec
 from pycoll.env import Settings, launcher_hosts_store
 from pycoll.errors import InvalidUsageError
 from pycoll.skew import SkewReport
@@ -81,8 +82,8 @@ def init(
         raise InvalidUsageError(f"timeout must be > 0 seconds, got {timeout}")
     owned: tuple[Any, ...] = ()
     if join is not None:
-        from pycoll.comm import host_id
         from pycoll.fault.membership import join as join_job
+        from pycoll.formation import host_id
 
         if store is not None or rank is not None or world_size is not None:
             raise InvalidUsageError("init(join=...) takes no store, rank or world_size: the job assigns them")
@@ -208,44 +209,10 @@ def _on_gpu(x: Buffer, out: Buffer | None = None) -> bool:
     return x.on_gpu
 
 
-def _launch_gpu(
-    comm: Communicator,
-    describe: Callable[[], str],
-    collective: str,
-    algorithm: str,
-    run_args: tuple[Any, ...],
-    result: T,
-    async_op: bool,
-) -> Union[T, Work]:
-    """Enqueues a validated collective on GPU memory on the caller's stream; the host does not wait."""
-    inp: Buffer = run_args[0]
-    enqueued = comm.run_gpu(collective, algorithm, *run_args)
-    if not async_op:
-        return result
-    from pycoll.gpu import GpuWork
-
-    return GpuWork(comm.gpu(), enqueued, describe(), result, inp.device)
-
-
 def _timeout(timeout: float | None) -> float | None:
     if timeout is not None and not timeout > 0:
         raise InvalidUsageError(f"timeout must be > 0 seconds, got {timeout}")
     return timeout
-
-
-def _launch(
-    comm: Communicator, describe: Callable[[], str], run: Callable[[], None], result: T, async_op: bool
-) -> Union[T, Work]:
-    """Runs a validated collective now, or on the communicator's worker thread when ``async_op``."""
-    if not async_op:
-        comm.submit(run, False)
-        return result
-
-    def body() -> T:
-        run()
-        return result
-
-    return Work(comm.submit(body, True), describe())
 
 
 def _compression(
@@ -262,13 +229,9 @@ def _compression(
             f"{codec!r} encodes a block into {codec.block_bytes} bytes, more than one transport fragment "
             f"({comm.fragment_bytes} bytes, PYCOLL_SHM_SLOT_BYTES); use a smaller block"
         )
-    if buf.dtype not in CODEC_DTYPES:
-        raise InvalidUsageError(
-            f"compression={codec!r} needs {', '.join(CODEC_DTYPES)} data, got {buf.dtype}; "
-            f"integers and float64 are reduced without compression"
-        )
-    if op.lower() not in ("sum", "avg"):
-        raise InvalidUsageError(f"compression={codec!r} supports op 'sum' or 'avg', got {op!r}")
+    refusal = compression_refusal("allreduce", buf.dtype, op)
+    if refusal is not None:
+        raise InvalidUsageError(f"compression={codec!r} {refusal}")
     if residual is None:
         return codec, None
     if isinstance(residual, ErrorFeedback):
@@ -363,10 +326,10 @@ def allreduce(
         dtype = x.dtype
         key = (dtype.num, x.size, op, algorithm, timeout)
         try:
-            prepared = c.in_place.get(key)
+            prepared = c.prepared.get(key)
         except TypeError:  # an unhashable argument: the full path names what is wrong with it
             return _allreduce(x, op, algorithm, compression, residual, error_budget, comm, timeout, async_op)
-        if prepared is not None and prepared[0] is dtype and c.run_in_place(prepared[1], x):
+        if prepared is not None and prepared[0] is dtype and c.run_prepared(prepared[1], x):
             return x
         return _allreduce(
             x, op, algorithm, compression, residual, error_budget, comm, timeout, async_op, (key, dtype)
@@ -412,27 +375,23 @@ def _allreduce(
         raise InvalidUsageError(
             "algorithm='nccl' does not compress; use ring, tree or direct with compression="
         )
-    _timeout(timeout)
-    if fast_key is not None:  # a plain call on host memory: the fast path takes it next time
-        c.remember_in_place(fast_key[0], fast_key[1], "allreduce", algo, buf, code, timeout)
-    how = "" if codec is None else f", {codec!r}"
-    if gpu:
-        return _launch_gpu(
-            c,
-            lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo}{how})",
-            "allreduce",
-            algo,
-            (buf, buf, buf.count, code, 0, timeout, codec, res),
-            x,
-            async_op,
-        )
-    return _launch(
-        c,
-        lambda: f"allreduce({buf.count} x {buf.dtype}, {op}, {algo}{how})",
-        lambda: c.run("allreduce", algo, buf, buf, buf.count, code, 0, timeout, codec, res),
-        x,
-        async_op,
+    call = Call(
+        "allreduce",
+        algo,
+        buf,
+        buf,
+        buf.count,
+        op=code,
+        op_name=op,
+        codec=codec,
+        residual=res,
+        timeout=_timeout(timeout),
+        async_op=async_op,
+        result=x,
     )
+    if fast_key is not None:  # a plain call on host memory: the fast path takes it next time
+        c.dispatcher.cpu.remember(fast_key[0], fast_key[1], call)
+    return c.launch(call)
 
 
 def broadcast(
@@ -451,32 +410,24 @@ def broadcast(
         raise InvalidUsageError(f"root must be a rank in 0..{c.world_size - 1}, got {root!r}")
     gpu = _on_gpu(buf)
     algo = auto.algorithm(c, "broadcast", algorithm, buf.nbytes, buf.itemsize, gpu)
-    _timeout(timeout)
-    if gpu:
-        return _launch_gpu(
-            c,
-            lambda: f"broadcast({buf.count} x {buf.dtype}, root={root})",
-            "broadcast",
-            algo,
-            (buf, buf, buf.count, 0, int(root), timeout),
-            x,
-            async_op,
-        )
-    return _launch(
-        c,
-        lambda: f"broadcast({buf.count} x {buf.dtype}, root={root})",
-        lambda: c.run("broadcast", algo, buf, buf, buf.count, 0, int(root), timeout),
-        x,
-        async_op,
+    call = Call(
+        "broadcast",
+        algo,
+        buf,
+        buf,
+        buf.count,
+        root=int(root),
+        timeout=_timeout(timeout),
+        async_op=async_op,
+        result=x,
     )
+    return c.launch(call)
 
 
 def barrier(*, comm: Communicator | None = None, timeout: float | None = None) -> None:
     """Returns once every rank has entered the barrier."""
     c = get_comm(comm)
-    _timeout(timeout)
-    algo = ALGORITHMS["barrier"][0]
-    c.submit(lambda: c.run("barrier", algo, _EMPTY, _EMPTY, 0, 0, 0, timeout), False)
+    c.launch(Call("barrier", ALGORITHMS["barrier"][0], _EMPTY, _EMPTY, 0, timeout=_timeout(timeout)))
 
 
 def skew_report(
@@ -520,24 +471,19 @@ def reduce_scatter(
         )
     gpu = _on_gpu(xb, ob)
     algo = auto.algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
-    _timeout(timeout)
-    if gpu:
-        return _launch_gpu(
-            c,
-            lambda: f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
-            "reduce_scatter",
-            algo,
-            (xb, ob, ob.count, code, 0, timeout),
-            out,
-            async_op,
-        )
-    return _launch(
-        c,
-        lambda: f"reduce_scatter({ob.count} x {ob.dtype}, {op}, {algo})",
-        lambda: c.run("reduce_scatter", algo, xb, ob, ob.count, code, 0, timeout),
-        out,
-        async_op,
+    call = Call(
+        "reduce_scatter",
+        algo,
+        xb,
+        ob,
+        ob.count,
+        op=code,
+        op_name=op,
+        timeout=_timeout(timeout),
+        async_op=async_op,
+        result=out,
     )
+    return c.launch(call)
 
 
 def all_gather(
@@ -561,24 +507,10 @@ def all_gather(
         )
     gpu = _on_gpu(xb, ob)
     algo = auto.algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize, gpu)
-    _timeout(timeout)
-    if gpu:
-        return _launch_gpu(
-            c,
-            lambda: f"all_gather({xb.count} x {xb.dtype}, {algo})",
-            "all_gather",
-            algo,
-            (xb, ob, xb.count, 0, 0, timeout),
-            out,
-            async_op,
-        )
-    return _launch(
-        c,
-        lambda: f"all_gather({xb.count} x {xb.dtype}, {algo})",
-        lambda: c.run("all_gather", algo, xb, ob, xb.count, 0, 0, timeout),
-        out,
-        async_op,
+    call = Call(
+        "all_gather", algo, xb, ob, xb.count, timeout=_timeout(timeout), async_op=async_op, result=out
     )
+    return c.launch(call)
 
 
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)

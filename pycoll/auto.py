@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from pycoll.algorithms import ALGORITHMS
 from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
-from pycoll.compression import CODEC_DTYPES, Codec, get_codec
+from pycoll.call import compression_refusal
+from pycoll.compression import Codec, get_codec
 from pycoll.env import (
     DEFAULT_SPIN_US,
     DEFAULT_YIELD_US,
@@ -256,7 +257,7 @@ def compression(
         raise InvalidUsageError(
             'residual= (error feedback) needs a fixed codec; compression="auto" may pick none for some sizes'
         )
-    if buf.dtype not in CODEC_DTYPES or op.lower() not in ("sum", "avg"):
+    if compression_refusal("allreduce", buf.dtype, op) is not None:
         return None, None
     f32_bytes = buf.count * 4  # compressed all-reduces run on float32
     if gpu:

@@ -4,35 +4,37 @@ A leaf: it imports nothing of pycoll, so any module (the API, the communicators,
 codecs, the tools) can use the codes without importing another. Each table mirrors a native one; append,
 never reorder (tests/unit/test_layers.py checks the native module's names against these).
 
-| table            | native side                                          | used for                   |
-|------------------|------------------------------------------------------|----------------------------|
-| COLLECTIVE_CODES | csrc/engine/descriptor.h ``kCollectiveNames``         | ``_C.COLLECTIVES``         |
-| ALGORITHM_CODES  | csrc/engine/descriptor.h ``kAlgorithmNames``          | ``_C.ALGORITHMS``          |
-| DTYPE_CODES      | csrc/kernels/types.h ``DType``                        | element types              |
-| OP_CODES         | csrc/kernels/types.h ``RedOp``                        | reduction ops              |
-| KIND_CODES       | csrc/kernels/codec.h ``codec::Kind``                  | built-in codec kinds, user |
-| ROUNDING_CODES   | csrc/kernels/codec.h ``codec::Rounding``              | codec rounding modes       |
+| table            | native side                                          | used for                        |
+|------------------|------------------------------------------------------|---------------------------------|
+| COLLECTIVE_CODES | csrc/engine/descriptor.h ``kCollectiveNames``         | ``_C.COLLECTIVE_NAMES``         |
+| ALGORITHM_CODES  | csrc/engine/descriptor.h ``kAlgorithmNames``          | ``_C.ALGORITHM_NAMES``          |
+| DTYPE_CODES      | csrc/kernels/types.h ``DType``                        | element types                   |
+| OP_CODES         | csrc/kernels/types.h ``RedOp``                        | reduction ops                   |
+| KIND_CODES       | csrc/kernels/codec.h ``codec::Kind``                  | built-in codec kinds, user      |
+| ROUNDING_CODES   | csrc/kernels/codec.h ``codec::Rounding``              | codec rounding modes            |
+| ERROR_KIND_CODES | csrc/include/pycoll/errors.h ``ErrorKind``            | ``_C.ERROR_KINDS``, aborts      |
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "ALGORITHMS",
+    "ALGORITHM_NAMES",
     "ALGORITHM_CODES",
-    "COLLECTIVES",
+    "COLLECTIVE_NAMES",
     "COLLECTIVE_CODES",
     "DTYPE_CODES",
+    "ERROR_KIND_CODES",
     "KIND_CODES",
     "OP_CODES",
     "ROUNDING_CODES",
 ]
 
-#: Collectives in the engine's order (``_C.COLLECTIVES``).
-COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
-#: Plan algorithms in the engine's order (``_C.ALGORITHMS``).
-ALGORITHMS = ("ring", "tree", "direct", "dissemination", "hierarchical")
-COLLECTIVE_CODES = {name: i for i, name in enumerate(COLLECTIVES)}
-ALGORITHM_CODES = {name: i for i, name in enumerate(ALGORITHMS)}
+#: Collectives in the engine's order (``_C.COLLECTIVE_NAMES``).
+COLLECTIVE_NAMES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
+#: Plan algorithms in the engine's order (``_C.ALGORITHM_NAMES``).
+ALGORITHM_NAMES = ("ring", "tree", "direct", "dissemination", "hierarchical")
+COLLECTIVE_CODES = {name: i for i, name in enumerate(COLLECTIVE_NAMES)}
+ALGORITHM_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
 
 # Codes shared with csrc/kernels/types.h (DType).
 DTYPE_CODES = {
@@ -51,3 +53,16 @@ OP_CODES = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 # Codes shared with csrc/kernels/codec.h (codec::Kind, codec::Rounding).
 KIND_CODES = {"fp16": 1, "bf16": 2, "int8": 3, "int4": 4, "user": 15}
 ROUNDING_CODES = {"nearest": 0, "stochastic": 1}
+
+# Codes shared with csrc/include/pycoll/errors.h (ErrorKind): what a native error is (pycoll/errors.py has
+# the exception class of each), and what NativeCommunicator.abort is told.
+ERROR_KIND_CODES = {
+    "internal": 0,
+    "timeout": 1,
+    "peer_lost": 2,
+    "mismatch": 3,
+    "invalid_usage": 4,
+    "nccl": 5,
+    "broken": 6,
+    "system": 7,
+}

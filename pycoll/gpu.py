@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pycoll import _C
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
+from pycoll.call import Call
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
 from pycoll.tuning.links import GPU_SEGMENT_BYTES
@@ -38,6 +39,7 @@ from pycoll.work import Work
 
 if TYPE_CHECKING:
     from pycoll.comm import Communicator
+    from pycoll.dispatch import Dispatcher
 
 log = logging.getLogger("pycoll")
 
@@ -104,7 +106,7 @@ class GpuWork(Work):
         if self._enqueued.error is not None:  # aborted (its event completes once NCCL is)
             self._error, self._done = self._enqueued.error, True
             return True
-        broken = self._side.comm._broken
+        broken = self._side.comm.broken
         if not done and broken is not None:
             self._error, self._done = broken, True
             return True
@@ -195,8 +197,6 @@ class GpuSide:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failure: BaseException | None = None  # the first error fail() was given
-        #: Messages through the communicator's shared memory instead of NCCL (PYCOLL_GPU_TRANSPORT=shm).
-        self.host_staged = comm.settings.gpu_transport == "shm"
 
     # ---- set-up ------------------------------------------------------------------------------------
     def check_device(self, buf: Buffer, name: str) -> None:
@@ -233,7 +233,7 @@ class GpuSide:
             restore = self._use_device()
             try:
                 self._nccl = create_nccl_comm(
-                    PrefixStore(self.comm._store, "nccl"),
+                    PrefixStore(self.comm.store, "nccl"),
                     self.comm.rank,
                     self.comm.world_size,
                     self.comm.timeout,
@@ -245,89 +245,43 @@ class GpuSide:
             log.info("rank %d: NCCL communicator on cuda:%d", self.comm.rank, self.device)
         return self._nccl
 
+    def nccl_native(self) -> Any:
+        """The GPU communicator over NCCL (its kernels and workspace), made with the NCCL communicator."""
+        self.nccl()
+        return self._native
+
+    def staged_native(self) -> Any:
+        """The GPU communicator without NCCL, for host-staged collectives (its kernels and workspace)."""
+        if self._native is None:
+            self._native = _C.gpu.GpuCommunicator()
+        return self._native
+
     # ---- running -----------------------------------------------------------------------------------
-    def run(
-        self,
-        collective: str,
-        algorithm: str,
-        inp: Buffer,
-        out: Buffer,
-        count: int,
-        op: int,
-        root: int,
-        timeout: float | None,
-        codec: Any = None,
-        residual: Buffer | None = None,
-    ) -> Enqueued:
-        """Enqueues one collective on the input's stream; returns it (the event recorded after it, its
-        deadline), followed by the watchdog."""
-        self.check_device(inp, "x")
-        if out is not inp:
-            self.check_device(out, "out")
-        if residual is not None:
-            self.check_device(residual, "residual")
+    def enqueue(self, call: Call, run: Callable[[Call, int], None]) -> Enqueued:
+        """Enqueues ``call`` on its input's stream by ``run(call, stream)`` with the communicator's device
+        current; returns it (the event recorded after it, its deadline), followed by the watchdog."""
+        self.check_device(call.inp, "x")
+        if call.out is not call.inp:
+            self.check_device(call.out, "out")
+        if call.residual is not None:
+            self.check_device(call.residual, "residual")
+        codec = call.codec
         if codec is not None and codec.kind not in KIND_CODES:
             raise InvalidUsageError(
                 f"{codec!r} is a user codec, which runs on CPUs only; on GPUs use fp16, bf16, int8 or int4"
             )
-        if algorithm == "nccl" and self.host_staged:
-            raise InvalidUsageError(
-                "algorithm='nccl' needs NCCL; PYCOLL_GPU_TRANSPORT=shm runs ring, tree and direct"
-            )
-        nccl = None if self.host_staged else self.nccl()
-        if self.host_staged and self._native is None:
-            self._native = _C.gpu.GpuCommunicator()
-        stream = inp.stream
+        stream = call.inp.stream
         restore = self._use_device()
         try:
-            if nccl is not None and algorithm == "nccl":
-                if collective == "allreduce":
-                    nccl.all_reduce(inp.ptr, out.ptr, count, inp.code, op, stream)
-                elif collective == "reduce_scatter":
-                    nccl.reduce_scatter(inp.ptr, out.ptr, count, inp.code, op, stream)
-                elif collective == "all_gather":
-                    nccl.all_gather(inp.ptr, out.ptr, count, inp.code, stream)
-                elif collective == "broadcast":
-                    nccl.broadcast(inp.ptr, out.ptr, count, inp.code, root, stream)
-                else:
-                    raise InvalidUsageError(f"algorithm 'nccl' does not run {collective}")
-            else:
-                itemsize = inp.itemsize
-                plan = self.comm.native_plan(
-                    collective, algorithm, count, itemsize, root, codec, GPU_SEGMENT_BYTES
-                )
-                program = self.comm.grouped_program(
-                    collective, algorithm, count, itemsize, root, codec, GPU_SEGMENT_BYTES
-                )
-                call = _C.gpu.Call()
-                call.input, call.output, call.dtype, call.op = inp.ptr, out.ptr, inp.code, op
-                call.collective, call.algorithm = COLLECTIVE_CODES[collective], ALGORITHM_CODES[algorithm]
-                call.count, call.root, call.stream = count, root, stream
-                if codec is not None:
-                    call.codec_id, call.codec_kind = codec.wire_id, KIND_CODES[codec.kind]
-                    call.codec_block = getattr(codec, "block", 1)
-                    call.codec_rounding = ROUNDING_CODES[codec.rounding]
-                    call.block_elems, call.block_bytes = codec.block_elems, codec.block_bytes
-                    call.encoded_bytes = codec.encoded_bytes(count)
-                    call.seed = codec.seed
-                    call.residual = 0 if residual is None else residual.ptr
-                if self.host_staged:
-                    native = self.comm._native
-                    if native is None:
-                        raise InvalidUsageError("the communicator was finalized; call pycoll.init() again")
-                    native.run_device(
-                        self._native, plan, program, call, self.comm.timeout if timeout is None else timeout
-                    )
-                else:
-                    self._native.run(plan, program, call)
+            run(call, stream)
             event = _C.gpu.Event()
             event.record(stream)
         finally:
             if restore is not None:
                 restore()
-        deadline = time.monotonic() + (self.comm.timeout if timeout is None else timeout)
-        what = f"{collective}({count} x {inp.dtype}, {algorithm}) on cuda:{self.device}"
-        enqueued = Enqueued(event, deadline, what)
+        timeout = self.comm.timeout if call.timeout is None else call.timeout
+        what = f"{call.collective}({call.count} x {call.inp.dtype}, {call.algorithm}) on cuda:{self.device}"
+        enqueued = Enqueued(event, time.monotonic() + timeout, what)
         self._watch(enqueued)
         return enqueued
 
@@ -400,8 +354,7 @@ class GpuSide:
                 nccl.abort()
             except PycollError:
                 log.debug("NCCL abort failed", exc_info=True)
-        if self.comm._broken is None:
-            self.comm._broken = error
+        if self.comm.break_with(error):
             log.error("rank %d: %s", self.comm.rank, error)
 
     def close(self) -> None:
@@ -432,3 +385,119 @@ class GpuSide:
         finally:
             if restore is not None:
                 restore()
+
+
+# ---- the GPU executors (pycoll/dispatch.py's table) ---------------------------------------------------
+def device_call(call: Call, stream: int) -> Any:
+    """The native GPU call (``_C.gpu.Call``) of a plan's grouped program: pointers, codes, codec layout."""
+    d = _C.gpu.Call()
+    d.input, d.output, d.dtype, d.op = call.inp.ptr, call.out.ptr, call.inp.code, call.op
+    d.collective, d.algorithm = COLLECTIVE_CODES[call.collective], ALGORITHM_CODES[call.algorithm]
+    d.count, d.root, d.stream = call.count, call.root, stream
+    codec = call.codec
+    if codec is not None:
+        d.codec_id, d.codec_kind = codec.wire_id, KIND_CODES[codec.kind]
+        d.codec_block = getattr(codec, "block", 1)
+        d.codec_rounding = ROUNDING_CODES[codec.rounding]
+        d.block_elems, d.block_bytes = codec.block_elems, codec.block_bytes
+        d.encoded_bytes = codec.encoded_bytes(call.count)
+        d.seed = codec.seed
+        d.residual = 0 if call.residual is None else call.residual.ptr
+    return d
+
+
+#: NCCL's own collectives (``algorithm="nccl"``), by pycoll's collective name.
+NCCL_COLLECTIVES: dict[str, Callable[[Any, Call, int], None]] = {
+    "allreduce": lambda nccl, c, s: nccl.all_reduce(c.inp.ptr, c.out.ptr, c.count, c.inp.code, c.op, s),
+    "reduce_scatter": lambda nccl, c, s: nccl.reduce_scatter(
+        c.inp.ptr, c.out.ptr, c.count, c.inp.code, c.op, s
+    ),
+    "all_gather": lambda nccl, c, s: nccl.all_gather(c.inp.ptr, c.out.ptr, c.count, c.inp.code, s),
+    "broadcast": lambda nccl, c, s: nccl.broadcast(c.inp.ptr, c.out.ptr, c.count, c.inp.code, c.root, s),
+}
+
+
+class _GpuExecutor:
+    """The GPU executors' common part: a call on GPU memory is enqueued on the caller's stream (the host
+    does not wait), in call order from any thread; an error while enqueuing breaks the communicator."""
+
+    name = ""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.comm = dispatcher.comm
+        self.plans = dispatcher.plans
+        self._lock = threading.Lock()  # one rank's GPU collectives are enqueued in call order
+
+    def launch(self, call: Call) -> Any:
+        comm = self.comm
+        comm.check_usable()
+        with self._lock:
+            side = comm.gpu()
+            try:
+                self.check(call)
+                enqueued = side.enqueue(call, lambda c, stream: self.enqueue(side, c, stream))
+            except PycollError as e:
+                if not isinstance(e, InvalidUsageError):
+                    comm.broken = e
+                    side.fail(e)
+                raise
+        if not call.async_op:
+            return call.result
+        return GpuWork(side, enqueued, call.describe(), call.result, call.inp.device)
+
+    def check(self, call: Call) -> None:
+        """Refuses what this executor cannot run, before anything is enqueued."""
+
+    def program(self, call: Call) -> tuple[Any, Any]:
+        """The compiled plan and its grouped program, cut at GPU-sized messages."""
+        args = (call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec)
+        return (
+            self.plans.plan(*args, segment_bytes=GPU_SEGMENT_BYTES),
+            self.plans.program(*args, segment_bytes=GPU_SEGMENT_BYTES),
+        )
+
+    def enqueue(self, side: GpuSide, call: Call, stream: int) -> None:
+        raise NotImplementedError
+
+
+class NcclExecutor(_GpuExecutor):
+    """Over NCCL: its own collective (``algorithm="nccl"``), or pycoll's plan as NCCL send / receive
+    groups with pycoll's kernels doing the reductions and codecs."""
+
+    name = "nccl"
+
+    def enqueue(self, side: GpuSide, call: Call, stream: int) -> None:
+        nccl = side.nccl()
+        if call.algorithm == "nccl":
+            run = NCCL_COLLECTIVES.get(call.collective)
+            if run is None:
+                raise InvalidUsageError(f"algorithm 'nccl' does not run {call.collective}")
+            run(nccl, call, stream)
+            return
+        plan, program = self.program(call)
+        side.nccl_native().run(plan, program, device_call(call, stream))
+
+
+class HostStagedExecutor(_GpuExecutor):
+    """PYCOLL_GPU_TRANSPORT=shm: the plan's grouped program with its messages through the communicator's
+    CPU transport (copied to and from the device around each group, the kernels still on the GPU)."""
+
+    name = "host-staged"
+
+    def check(self, call: Call) -> None:
+        if call.algorithm == "nccl":
+            raise InvalidUsageError(
+                "algorithm='nccl' needs NCCL; PYCOLL_GPU_TRANSPORT=shm runs ring, tree and direct"
+            )
+
+    def enqueue(self, side: GpuSide, call: Call, stream: int) -> None:
+        plan, program = self.program(call)
+        timeout = self.comm.timeout if call.timeout is None else call.timeout
+        self.comm.native().run_device(side.staged_native(), plan, program, device_call(call, stream), timeout)
+
+
+#: pycoll/dispatch.py's GPU executors, by name.
+EXECUTORS: dict[str, Callable[[Dispatcher], Any]] = {
+    "nccl": NcclExecutor,
+    "host-staged": HostStagedExecutor,
+}

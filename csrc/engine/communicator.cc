@@ -35,7 +35,7 @@ Communicator::Communicator(const CommunicatorConfig& config) {
   skew_ = std::make_unique<SkewRecorder>(rank, world, config.skew);
 }
 
-size_t Communicator::run(const CollectiveArgs& c) {
+size_t Communicator::run(const Call& c) {
   if (!c.plan) throw Error(ErrorKind::kInternal, "a collective was run without a plan");
   const NativePlan& plan = *c.plan;
   if (plan.world != transport_->world() || plan.rank != transport_->rank())
@@ -67,7 +67,7 @@ size_t Communicator::run(const CollectiveArgs& c) {
 }
 
 // A compressed all-reduce of float16 / bfloat16 data: on a float32 copy, rounded back at the end.
-void Communicator::widened(const CollectiveArgs& c, RunArgs& args, const cpu::Codec* codec) {
+void Communicator::widened(const Call& c, RunArgs& args, const cpu::Codec* codec) {
   const DType type = static_cast<DType>(c.dtype);
   const uint16_t* in = static_cast<const uint16_t*>(args.input);
   uint16_t* out = static_cast<uint16_t*>(args.output);

@@ -43,8 +43,9 @@ struct CommunicatorConfig {
   std::function<void()> on_idle;
 };
 
-// One collective on host memory (bound as pycoll._C.CollectiveArgs, filled in by pycoll/comm.py).
-struct CollectiveArgs {
+// One collective on host memory, as pycoll/call.py's Call reaches the engine (bound as pycoll._C.Call, made
+// by the CPU executors of pycoll/dispatch.py).
+struct Call {
   std::shared_ptr<NativePlan> plan;
   uintptr_t input = 0, output = 0;
   int dtype = 0;  // DType code of the caller's buffers
@@ -73,7 +74,7 @@ class Communicator {
   // all-reduce; its plan works on float32, so float16 / bfloat16 buffers are widened into a work buffer
   // first and rounded back once at the end (accumulation is always float32). Collectives of one
   // communicator run one at a time. Returns the number of straggler events waiting (SkewRecorder).
-  size_t run(const CollectiveArgs& args);
+  size_t run(const Call& args);
 
 #if PYCOLL_WITH_CUDA
   // A collective on GPU memory whose messages travel through this transport (host-staged): for ranks
@@ -98,7 +99,7 @@ class Communicator {
   // The fragment executor, or with a program the grouped executor (over this transport and the CPU loops:
   // how the CPU tests check the programs GPUs run over NCCL).
   void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
-  void widened(const CollectiveArgs& c, RunArgs& args, const cpu::Codec* codec);
+  void widened(const Call& c, RunArgs& args, const cpu::Codec* codec);
 
   std::unique_ptr<Transport> transport_;
   ShmTransport* shm_ = nullptr;

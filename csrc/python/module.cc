@@ -70,39 +70,39 @@ std::shared_ptr<GroupedProgram> bind_compile_program(const NativePlan& plan, con
   return compile_program(plan, arrays);
 }
 
-// The fields of CollectiveArgs by name, in order: for its keyword constructor and its attributes.
+// The fields of Call by name, in order: for its keyword constructor and its attributes.
 template <class F>
-void for_each_collective_field(F&& f) {
-  f("plan", &CollectiveArgs::plan);
-  f("input", &CollectiveArgs::input);
-  f("output", &CollectiveArgs::output);
-  f("dtype", &CollectiveArgs::dtype);
-  f("op", &CollectiveArgs::op);
-  f("collective", &CollectiveArgs::collective);
-  f("algorithm", &CollectiveArgs::algorithm);
-  f("count", &CollectiveArgs::count);
-  f("root", &CollectiveArgs::root);
-  f("codec", &CollectiveArgs::codec);
-  f("codec_id", &CollectiveArgs::codec_id);
-  f("residual", &CollectiveArgs::residual);
-  f("seed", &CollectiveArgs::seed);
-  f("timeout_s", &CollectiveArgs::timeout_s);
-  f("program", &CollectiveArgs::program);
-  f("skew", &CollectiveArgs::skew);
+void for_each_call_field(F&& f) {
+  f("plan", &Call::plan);
+  f("input", &Call::input);
+  f("output", &Call::output);
+  f("dtype", &Call::dtype);
+  f("op", &Call::op);
+  f("collective", &Call::collective);
+  f("algorithm", &Call::algorithm);
+  f("count", &Call::count);
+  f("root", &Call::root);
+  f("codec", &Call::codec);
+  f("codec_id", &Call::codec_id);
+  f("residual", &Call::residual);
+  f("seed", &Call::seed);
+  f("timeout_s", &Call::timeout_s);
+  f("program", &Call::program);
+  f("skew", &Call::skew);
 }
 
-// CollectiveArgs(**fields), made once per collective. The keywords are looked up with interned names:
+// Call(**fields), made once per collective. The keywords are looked up with interned names:
 // pybind11's own keyword matching builds a string per name per call, several microseconds for 15 fields.
-CollectiveArgs make_collective_args(const py::kwargs& kwargs) {
+Call make_call(const py::kwargs& kwargs) {
   static const std::vector<PyObject*> names = [] {
     std::vector<PyObject*> v;
-    for_each_collective_field([&](const char* name, auto) { v.push_back(PyUnicode_InternFromString(name)); });
+    for_each_call_field([&](const char* name, auto) { v.push_back(PyUnicode_InternFromString(name)); });
     return v;
   }();
-  CollectiveArgs a;
+  Call a;
   size_t i = 0;
   Py_ssize_t found = 0;
-  for_each_collective_field([&](const char*, auto member) {
+  for_each_call_field([&](const char*, auto member) {
     PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), names[i++]);
     if (!value) {
       if (PyErr_Occurred()) throw py::error_already_set();
@@ -122,8 +122,8 @@ CollectiveArgs make_collective_args(const py::kwargs& kwargs) {
     for (auto item : kwargs) {
       const std::string key = py::str(item.first);
       bool known = false;
-      for_each_collective_field([&](const char* name, auto) { known |= key == name; });
-      if (!known) throw py::type_error("CollectiveArgs() got an unexpected keyword argument '" + key + "'");
+      for_each_call_field([&](const char* name, auto) { known |= key == name; });
+      if (!known) throw py::type_error("Call() got an unexpected keyword argument '" + key + "'");
     }
   }
   return a;
@@ -257,11 +257,11 @@ PYBIND11_MODULE(_C, m) {
   py::list collectives, algorithms;
   for (auto* n : kCollectiveNames) collectives.append(n);
   for (auto* n : kAlgorithmNames) algorithms.append(n);
-  m.attr("COLLECTIVES") = collectives;
-  m.attr("ALGORITHMS") = algorithms;
-  m.attr("ERROR_KINDS") =
-      py::dict(py::arg("internal") = 0, py::arg("timeout") = 1, py::arg("peer_lost") = 2, py::arg("mismatch") = 3,
-               py::arg("invalid_usage") = 4, py::arg("nccl") = 5, py::arg("broken") = 6, py::arg("system") = 7);
+  m.attr("COLLECTIVE_NAMES") = collectives;
+  m.attr("ALGORITHM_NAMES") = algorithms;
+  py::dict error_kinds;
+  for (int k = 0; k < kNumErrorKinds; ++k) error_kinds[kErrorKindNames[k]] = k;
+  m.attr("ERROR_KINDS") = error_kinds;
   m.def("reduce_isa", &cpu::reduce_isa, "instruction set of the CPU reduce loops in use");
   m.def("hardware_concurrency", [] { return std::thread::hardware_concurrency(); });
   // The data address of a numpy array, without the dict that __array_interface__ builds on every call.
@@ -345,10 +345,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP handshake computes it (csrc/transport/hmac.cc)");
 
-  // One collective's arguments (csrc/engine/communicator.h CollectiveArgs), filled in by pycoll/comm.py.
-  py::class_<CollectiveArgs> collective_args(m, "CollectiveArgs");
-  collective_args.def(py::init(&make_collective_args), "CollectiveArgs(**fields): keyword arguments only");
-  for_each_collective_field([&](const char* name, auto member) { collective_args.def_readwrite(name, member); });
+  // One collective (csrc/engine/communicator.h Call), made by the CPU executors of pycoll/dispatch.py.
+  py::class_<Call> call_class(m, "Call");
+  call_class.def(py::init(&make_call), "Call(**fields): keyword arguments only");
+  for_each_call_field([&](const char* name, auto member) { call_class.def_readwrite(name, member); });
 
   py::class_<Communicator> communicator(m, "NativeCommunicator");
   communicator
@@ -392,32 +392,24 @@ PYBIND11_MODULE(_C, m) {
       .def("close_segment_fd", [](Communicator& c) { c.shm().close_segment_fd(); })
       .def(
           "run",
-          [](Communicator& c, const CollectiveArgs& args) {
-            // A copy: the Python object's fields (and the plan, codec and program they hold) may be
-            // reassigned by another thread while this one runs without the GIL.
-            const CollectiveArgs mine = args;
-            py::gil_scoped_release release;
-            return c.run(mine);
-          },
-          py::arg("args"))
-      .def(
-          "run_at",
-          [](Communicator& c, const CollectiveArgs& args, uintptr_t input, uintptr_t output) {
-            // run() on other buffers: the caller keeps one CollectiveArgs per kind of call (making one
-            // costs microseconds) and only the addresses change from call to call.
-            CollectiveArgs mine = args;
+          [](Communicator& c, const Call& call, uintptr_t input, uintptr_t output) {
+            // The call on these buffers: the caller keeps one Call per kind of call (making one costs
+            // microseconds) and only the addresses change from call to call. A copy: the Python object's
+            // fields (and the plan, codec and program they hold) may be reassigned by another thread while
+            // this one runs without the GIL.
+            Call mine = call;
             mine.input = input;
             mine.output = output;
             py::gil_scoped_release release;
             return c.run(mine);
           },
-          py::arg("args"), py::arg("input"), py::arg("output"))
+          py::arg("call"), py::arg("input"), py::arg("output"))
       .def(
           "run_in_place",
-          [](Communicator& c, const CollectiveArgs& args, py::handle array) -> int64_t {
+          [](Communicator& c, const Call& call, py::handle array) -> int64_t {
             // run() in place on an object with the buffer protocol (a numpy array), for the small calls
             // whose Python layer costs more than the collective: its address comes from the buffer
-            // protocol here. The caller has matched the array's type, dtype and length to `args`; what
+            // protocol here. The caller has matched the array's type, dtype and length to `call`; what
             // may differ from one array to the next is checked here, and -1 (nothing run) sends the
             // call down the full path, which names what is wrong.
             Py_buffer view;
@@ -426,16 +418,16 @@ PYBIND11_MODULE(_C, m) {
               return -1;
             }
             const std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> held(&view, PyBuffer_Release);
-            if (args.dtype < 0 || args.dtype >= kNumDTypes) return -1;
-            const auto bytes = static_cast<Py_ssize_t>(args.count) *
-                               static_cast<Py_ssize_t>(dtype_size(static_cast<DType>(args.dtype)));
+            if (call.dtype < 0 || call.dtype >= kNumDTypes) return -1;
+            const auto bytes = static_cast<Py_ssize_t>(call.count) *
+                               static_cast<Py_ssize_t>(dtype_size(static_cast<DType>(call.dtype)));
             if (view.len != bytes) return -1;
-            CollectiveArgs mine = args;
+            Call mine = call;
             mine.input = mine.output = reinterpret_cast<uintptr_t>(view.buf);
             py::gil_scoped_release release;
             return static_cast<int64_t>(c.run(mine));
           },
-          py::arg("args"), py::arg("array"))
+          py::arg("call"), py::arg("array"))
 #if PYCOLL_WITH_CUDA
       .def(
           "run_device",

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pycoll.call import COMPRESSIBLE_DTYPES
 from pycoll.codes import KIND_CODES as KIND_CODES  # (re-exported: the codes live in pycoll.codes)
 from pycoll.codes import ROUNDING_CODES as ROUNDING_CODES
 from pycoll.errors import InvalidUsageError
@@ -31,8 +32,8 @@ from pycoll.errors import InvalidUsageError
 SCALE_BYTES = 4
 MIN_BLOCK, MAX_BLOCK = 8, 4096
 
-#: Input dtypes every codec accepts (accumulation is always float32).
-CODEC_DTYPES = ("float32", "float16", "bfloat16")
+#: Input dtypes every codec accepts (accumulation is always float32): pycoll.call's rule.
+CODEC_DTYPES = COMPRESSIBLE_DTYPES
 
 # Defaults chosen from the error-vs-wire-bytes table in docs/compression.md ("Choosing block sizes"): the
 # largest blocks whose two-shot error on Gaussian data stays >= 10% under the targets (int8 1%, int4 15%) at

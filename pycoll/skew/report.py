@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pycoll import _C
-from pycoll.codes import COLLECTIVES
+from pycoll.codes import COLLECTIVE_NAMES
 
 _NS_PER_MS = 1e6
 # The smallest lateness of each histogram bucket, and one past the last (csrc/engine/skew.cc bucket()).
@@ -298,13 +298,13 @@ def _window_section(snap: Mapping[str, Any], hosts: Sequence[str], window: int |
 def from_snapshot(snap: Mapping[str, Any], hosts: Sequence[str], window: int | None = None) -> SkewReport:
     """A report of one rank's native recorder (``NativeCommunicator.skew_snapshot()``)."""
     world = int(snap["world"])
-    used = [k for k in range(len(COLLECTIVES)) if snap["count"][k].any()]
+    used = [k for k in range(len(COLLECTIVE_NAMES)) if snap["count"][k].any()]
     return SkewReport(
         world=world,
         hosts=list(hosts),
         run=_run_section(snap, hosts, used),
         window=_window_section(snap, hosts, window),
-        kinds={COLLECTIVES[k]: _run_section(snap, hosts, [k]) for k in used},
+        kinds={COLLECTIVE_NAMES[k]: _run_section(snap, hosts, [k]) for k in used},
         unmatched=int(snap["unmatched"]),
         unsynced=int(snap["unsynced"]),
         clock_offset_ms=[float(x) / _NS_PER_MS for x in snap["offset_ns"]],

@@ -17,6 +17,7 @@ import numpy as np
 from pycoll import auto
 from pycoll.algorithms import ALGORITHMS
 from pycoll.arrays import as_buffer
+from pycoll.call import Call
 from pycoll.errors import InvalidUsageError
 from pycoll.skew.report import SkewReport, from_snapshot
 
@@ -99,23 +100,16 @@ class SkewTracker:
         mine = np.array([domain], dtype=np.int64)
         every = np.zeros(comm.world_size, dtype=np.int64)
         algo = auto.algorithm(comm, "all_gather", "auto", 8, 8, False)
-        comm.run(
-            "all_gather",
-            algo,
-            as_buffer(mine, "x", writable=False),
-            as_buffer(every, "out", writable=True),
-            1,
-            0,
-            0,
-            timeout,
-            report=False,
-        )
+        x, out = as_buffer(mine, "x", writable=False), as_buffer(every, "out", writable=True)
+        comm.launch(Call("all_gather", algo, x, out, 1, timeout=timeout, report=False))
         native = comm.native()
         native.skew_set_domains([int(d) for d in every])
         if len(set(every.tolist())) > 1:
             empty = as_buffer(np.zeros(0, dtype=np.uint8), "x", writable=True)
             for _ in range(CLOCK_SYNC_ROUNDS):
-                comm.run("barrier", ALGORITHMS["barrier"][0], empty, empty, 0, 0, 0, timeout, report=False)
+                comm.launch(
+                    Call("barrier", ALGORITHMS["barrier"][0], empty, empty, 0, timeout=timeout, report=False)
+                )
 
     # ---- notices -------------------------------------------------------------------------------------
     def add(self, callback: Callable[[StragglerEvent], None] | None, late_ms: float, window: int) -> Notice:
@@ -137,14 +131,14 @@ class SkewTracker:
 
     def remove(self, notice: Notice) -> None:
         if self._notices.pop(notice.id, None) is not None:
-            native = self.comm._native
+            native = self.comm.native_or_none()
             if native is not None:
                 native.skew_remove_notice(notice.id)
 
     def dispatch(self) -> None:
         """After a collective that left events: a WARNING on rank 0 (rate limited), then the callbacks
         (on every rank: every rank sees the same events). A callback's exception reaches the caller."""
-        native = self.comm._native
+        native = self.comm.native_or_none()
         if native is None:
             return
         for ident, rank, seq, window, mean_ns, inflicted_ns in native.skew_take_events():
@@ -193,7 +187,7 @@ class SkewTracker:
         comm = self.comm
         buf = as_buffer(x, "x", writable=True)
         algo = auto.algorithm(comm, "broadcast", "auto", buf.nbytes, buf.itemsize, False)
-        comm.run("broadcast", algo, buf, buf, buf.count, 0, 0, timeout, report=False)
+        comm.launch(Call("broadcast", algo, buf, buf, buf.count, timeout=timeout, report=False))
 
     def write(self, path: str) -> None:
         """PYCOLL_SKEW_REPORT at finalize: rank 0 writes ``path`` (with ``{rank}`` in it, every rank writes

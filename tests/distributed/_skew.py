@@ -31,7 +31,7 @@ COUNT = 256
 def fresh(comm: Any, rank: int, world: int, **changes: Any) -> Communicator:
     """A new communicator over the pool's store, with the pool's settings but ``changes``."""
     settings = dataclasses.replace(comm.settings, **changes)
-    return Communicator(comm._store, rank, world, timeout=BODY_TIMEOUT, settings=settings)
+    return Communicator(comm.store, rank, world, timeout=BODY_TIMEOUT, settings=settings)
 
 
 def raw_late_ms(c: Communicator) -> list[list[float]]:

@@ -229,7 +229,7 @@ def body_fast_path(comm, rank, world):
                 failures.append(f"call {i}: wrong sum")
         if len(validated) != 1:
             failures.append(f"as_buffer ran {len(validated)} times for six like calls, expected once")
-        if not comm.in_place:
+        if not comm.prepared:
             failures.append("no prepared call was kept")
         ro = np.ones(n, np.float32)
         ro.flags.writeable = False

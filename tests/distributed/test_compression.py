@@ -308,7 +308,7 @@ def body_against_simulator(comm, rank, world, seed):
         inputs = [gaussian(r, count, seed) for r in range(world)]
         residuals = [gaussian(r, count, seed + 1, scale=0.01) for r in range(world)]
         x, res = inputs[rank].copy(), residuals[rank].copy()
-        seq = comm._native.seq + 1  # the number this call gets: it keys stochastic rounding
+        seq = comm.native().seq + 1  # the number this call gets: it keys stochastic rounding
         pycoll.allreduce(x, op, algorithm=algorithm, compression=codec, residual=res, timeout=30)
         segment_blocks = max(1, comm.segment_bytes // codec.block_bytes)
         plans = [build_compressed_plan(algorithm, r, world, count, codec.block_elems, segment_blocks)

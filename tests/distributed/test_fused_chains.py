@@ -42,20 +42,20 @@ def _fused_against_simulator(comm, rank, world):
             counts += (3 * world * segment + 5,)
         for count in counts:
             inputs = [_input(r, count, dtype) for r in range(world)]
-            plans = [comm._python_plan(r, "allreduce", algorithm, count, itemsize, 0, None,
-                                       comm.segment_bytes) for r in range(world)]
+            key = comm.plans.key("plan", "allreduce", algorithm, count, itemsize)
+            plans = [comm.plans.python_plan(r, key) for r in range(world)]
             want = simulate(plans, inputs, op).outputs[rank]
-            if comm.native_plan("allreduce", algorithm, count, itemsize).chains:
+            if comm.plans.plan("allreduce", algorithm, count, itemsize).chains:
                 chained = True
             for fuse in (True, False):
-                comm._native.fuse = fuse
+                comm.native().fuse = fuse
                 x = inputs[rank].copy()
                 pycoll.allreduce(x, op, algorithm=algorithm, comm=comm)
                 if x.tobytes() != want.tobytes():
                     bad = int(np.count_nonzero(x.view(np.uint8) != want.view(np.uint8)))
                     label = f"{algorithm} {dtype} {op} count={count} fuse={fuse}"
                     failures.append(f"{label}: {bad} bytes differ")
-            comm._native.fuse = True
+            comm.native().fuse = True
     return failures, chained
 
 

@@ -140,7 +140,7 @@ def _compressed_hierarchical_against_simulator(comm, rank, world):
             residuals = [np.random.default_rng([r, count, 1]).standard_normal(count).astype(np.float32) / 100
                          for r in range(world)]
             x, res = inputs[rank].copy(), residuals[rank].copy()
-            seq = comm._native.seq + 1  # keys stochastic rounding
+            seq = comm.native().seq + 1  # keys stochastic rounding
             comm.grouped_on_cpu = grouped
             try:
                 pycoll.allreduce(x, op, algorithm="hierarchical", compression=codec, residual=res, comm=comm)

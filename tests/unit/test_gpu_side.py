@@ -117,7 +117,7 @@ def test_plans_run_as_grouped_programs_with_the_codec_layout(fakes, comm):
     ) * 2 + (0, 1, 5000)
     assert (call.codec_kind, call.codec_block, call.block_elems, call.block_bytes) == (3, 64, 64, 68)
     assert call.encoded_bytes == pycoll.compression.Int8(block=64).encoded_bytes(5000)
-    assert call.residual == 0x7F0000200000 and call.algorithm == _C.ALGORITHMS.index("ring")
+    assert call.residual == 0x7F0000200000 and call.algorithm == _C.ALGORITHM_NAMES.index("ring")
     assert fakes.calls == []  # NCCL's own collectives were not used
 
 
@@ -127,7 +127,7 @@ def test_async_work_waits_for_the_event_and_times_out_without_breaking(fakes, co
     assert not work.is_completed()
     with pytest.raises(CollectiveTimeoutError, match="given to Work.wait"):
         work.wait(timeout=0.05)
-    assert comm._broken is None
+    assert comm.broken is None
     work._event.answer = True
     assert work.wait() is True and work.is_success() and work.exception() is None
 
@@ -136,9 +136,9 @@ def test_watchdog_aborts_nccl_and_breaks_the_communicator_past_the_deadline(fake
     FakeEvent.done = False
     pycoll.allreduce(DeviceArray(10), comm=comm, timeout=0.05)
     deadline = time.monotonic() + 5
-    while comm._broken is None and time.monotonic() < deadline:
+    while comm.broken is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert isinstance(comm._broken, CollectiveTimeoutError) and fakes.aborted
+    assert isinstance(comm.broken, CollectiveTimeoutError) and fakes.aborted
     with pytest.raises(CommunicatorBrokenError, match="did not finish within its deadline"):
         pycoll.allreduce(DeviceArray(10), comm=comm)
 
@@ -149,7 +149,7 @@ def test_an_nccl_async_error_breaks_the_communicator(fakes, comm):
     work = pycoll.allreduce(DeviceArray(10), comm=comm, async_op=True)
     with pytest.raises(PeerLostError):
         work.wait()
-    assert fakes.aborted and isinstance(comm._broken, PeerLostError)
+    assert fakes.aborted and isinstance(comm.broken, PeerLostError)
 
 
 def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes, comm, monkeypatch):
@@ -163,14 +163,11 @@ def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes
         def run_device(self, gpu, plan, program, call, timeout_s):
             seen.append((gpu, call.count, timeout_s))
 
-    real = comm._native
-    comm._native = Native()
-    try:
-        pycoll.allreduce(DeviceArray(77), algorithm="tree", comm=comm, timeout=9)
-        with pytest.raises(pycoll.InvalidUsageError, match="needs NCCL"):
-            pycoll.allreduce(DeviceArray(77), algorithm="nccl", comm=comm)
-    finally:
-        comm._native = real
+    real = comm.native()
+    monkeypatch.setattr(comm, "native", Native)
+    pycoll.allreduce(DeviceArray(77), algorithm="tree", comm=comm, timeout=9)
+    with pytest.raises(pycoll.InvalidUsageError, match="needs NCCL"):
+        pycoll.allreduce(DeviceArray(77), algorithm="nccl", comm=comm)
     assert len(seen) == 1 and seen[0][1:] == (77, 9) and isinstance(seen[0][0], FakeGpuCommunicator)
     assert fakes.calls == []
 
@@ -180,7 +177,7 @@ def test_a_collective_aborted_by_the_watchdog_fails_although_its_event_then_comp
     FakeEvent.done = False
     stuck = pycoll.allreduce(DeviceArray(10), comm=comm, timeout=0.05, async_op=True)
     deadline = time.monotonic() + 5
-    while comm._broken is None and time.monotonic() < deadline:
+    while comm.broken is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert fakes.aborted
     stuck._event.answer = True  # NCCL's abort ended the kernels, so the stream goes on past them

@@ -590,5 +590,6 @@ def test_codes_is_a_leaf(pycoll_tree: Tree) -> None:
 def test_codes_match_the_native_module() -> None:
     from pycoll import _C, codes
 
-    assert tuple(_C.COLLECTIVES) == codes.COLLECTIVES
-    assert tuple(_C.ALGORITHMS) == codes.ALGORITHMS
+    assert tuple(_C.COLLECTIVE_NAMES) == codes.COLLECTIVE_NAMES
+    assert tuple(_C.ALGORITHM_NAMES) == codes.ALGORITHM_NAMES
+    assert dict(_C.ERROR_KINDS) == codes.ERROR_KIND_CODES

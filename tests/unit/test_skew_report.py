@@ -23,16 +23,16 @@ import numpy as np
 import pytest
 
 from pycoll import _C
-from pycoll.codes import COLLECTIVES
+from pycoll.codes import COLLECTIVE_NAMES
 from pycoll.skew import RankSkew, SkewReport, SkewSection
 from pycoll.skew import report as report_module
 from pycoll.skew.report import from_snapshot
 
-KINDS = len(COLLECTIVES)
+KINDS = len(COLLECTIVE_NAMES)
 BUCKETS = 512
 NS_PER_MS = 1e6
-ALLREDUCE = COLLECTIVES.index("allreduce")
-BARRIER = COLLECTIVES.index("barrier")
+ALLREDUCE = COLLECTIVE_NAMES.index("allreduce")
+BARRIER = COLLECTIVE_NAMES.index("barrier")
 #: The keys of a section in to_dict() (docs/skew.md), and of the whole report.
 SECTION_KEYS = {"collectives", "ranks", "last_most_often"}
 RANK_KEYS = {"rank", "host", "count", "late_ms", "wait_inflicted_ms", "wait_suffered_ms", "last"}
@@ -369,7 +369,7 @@ def _plain(x: Any) -> bool:
 def test_to_dict_has_the_documented_schema_and_round_trips():
     n, world = 400, 4
     rng = np.random.default_rng(9)
-    kinds = rng.choice([ALLREDUCE, BARRIER, COLLECTIVES.index("all_gather")], size=n)
+    kinds = rng.choice([ALLREDUCE, BARRIER, COLLECTIVE_NAMES.index("all_gather")], size=n)
     snap = snapshot(
         lognormal_entries(n, world, seed=9),
         kinds,

@@ -20,6 +20,13 @@ enum class ErrorKind : int {
   kBroken = 6,        // CommunicatorBrokenError
   kSystem = 7,        // PycollError carrying an OS error
 };
+// The kinds' names in code order, as pycoll/codes.py ERROR_KIND_CODES spells them (_C.ERROR_KINDS is made
+// from this table, and tests/unit/test_layers.py checks it against that one).
+inline const char* const kErrorKindNames[] = {"internal",      "timeout", "peer_lost", "mismatch",
+                                              "invalid_usage", "nccl",    "broken",    "system"};
+constexpr int kNumErrorKinds = 8;
+static_assert(sizeof(kErrorKindNames) / sizeof(kErrorKindNames[0]) == kNumErrorKinds, "a name per ErrorKind");
+static_assert(static_cast<int>(ErrorKind::kSystem) == kNumErrorKinds - 1, "kErrorKindNames follows ErrorKind");
 
 class Error : public std::runtime_error {
  public:

@@ -1,0 +1,121 @@
+"""One collective call as a value: what ``pycoll.api`` validated, and what the dispatcher
+(``pycoll.dispatch``) runs. Built once per call, in ``pycoll.api``; nothing below it re-checks the caller's
+arguments.
+
+The one home of what may be compressed (``compression_refusal``): ``pycoll.api`` refuses a codec the rule
+refuses, ``pycoll.auto`` picks none there, and the native side, handed only what passed, checks nothing
+of it again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pycoll.arrays import Buffer
+
+if TYPE_CHECKING:
+    from pycoll.compression import Codec
+
+#: The element types a codec compresses (its messages are float32 sums; float16 and bfloat16 are widened
+#: first and rounded back once at the end).
+COMPRESSIBLE_DTYPES = ("float32", "float16", "bfloat16")
+#: The operators a codec compresses: a sum of decoded messages is a sum, not a min or a product.
+COMPRESSIBLE_OPS = ("sum", "avg")
+#: The collectives a codec compresses (its plans: pycoll/algorithms/compressed.py).
+COMPRESSIBLE_COLLECTIVES = ("allreduce",)
+
+
+def compression_refusal(collective: str, dtype: str, op: str) -> str | None:
+    """Why a codec may not compress ``collective`` on ``dtype`` data with ``op``; None where it may."""
+    if collective not in COMPRESSIBLE_COLLECTIVES:
+        return f"compresses {', '.join(COMPRESSIBLE_COLLECTIVES)} only, not {collective}"
+    if dtype not in COMPRESSIBLE_DTYPES:
+        return (
+            f"needs {', '.join(COMPRESSIBLE_DTYPES)} data, got {dtype}; "
+            "integers and float64 are reduced without compression"
+        )
+    if op.lower() not in COMPRESSIBLE_OPS:
+        return f"supports op {' or '.join(repr(o) for o in COMPRESSIBLE_OPS)}, got {op!r}"
+    return None
+
+
+class Call:
+    """One validated collective (a plain class with slots: it is made on every call).
+
+    ``count``: the elements per rank as the native side counts them (``out``'s for reduce-scatter, ``x``'s
+    for all-gather); ``op``: the RedOp code, ``op_name`` what the caller wrote; ``algorithm``: the plan's
+    algorithm (``auto`` already decided), or ``nccl``; ``codec`` / ``residual``: compression and its
+    error-feedback state; ``timeout``: seconds, None for the communicator's; ``result``: what the call
+    returns (or its Work holds); ``report``: False for the library's own collectives, which the skew
+    report leaves out.
+    """
+
+    __slots__ = (
+        "collective",
+        "algorithm",
+        "inp",
+        "out",
+        "count",
+        "op",
+        "op_name",
+        "root",
+        "codec",
+        "residual",
+        "timeout",
+        "async_op",
+        "result",
+        "report",
+    )
+
+    def __init__(
+        self,
+        collective: str,
+        algorithm: str,
+        inp: Buffer,
+        out: Buffer,
+        count: int,
+        *,
+        op: int = 0,
+        op_name: str = "sum",
+        root: int = 0,
+        codec: Codec | None = None,
+        residual: Buffer | None = None,
+        timeout: float | None = None,
+        async_op: bool = False,
+        result: Any = None,
+        report: bool = True,
+    ) -> None:
+        self.collective = collective
+        self.algorithm = algorithm
+        self.inp = inp
+        self.out = out
+        self.count = count
+        self.op = op
+        self.op_name = op_name
+        self.root = root
+        self.codec = codec
+        self.residual = residual
+        self.timeout = timeout
+        self.async_op = async_op
+        self.result = result
+        self.report = report
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.inp.on_gpu
+
+    def describe(self) -> str:
+        """e.g. "allreduce(1000 x float32, sum, ring, Int8(block=64))", for Work and errors."""
+        parts = [f"{self.count} x {self.inp.dtype}"]
+        if self.collective in ("allreduce", "reduce_scatter"):
+            parts.append(self.op_name)
+        if self.collective == "broadcast":
+            parts.append(f"root={self.root}")
+        elif self.collective != "barrier":
+            parts.append(self.algorithm)
+        if self.codec is not None:
+            parts.append(repr(self.codec))
+        return f"{self.collective}({', '.join(parts)})"
+
+    def __repr__(self) -> str:
+        return f"<pycoll.Call {self.describe()}>"

@@ -1,0 +1,293 @@
+"""Where a validated call (``pycoll.call.Call``) goes: a table of executors, each ``launch(call)``.
+
+    executor       runs                                          when
+    cpu-fragment   the plan, fragment by fragment, on the CPU    host memory (the default)
+                   transport (csrc/engine/executor.cc)
+    cpu-grouped    the plan's grouped program over the CPU       host memory, ``comm.grouped_on_cpu``
+                   transport (csrc/engine/grouped_executor.cc)   (the tests of the programs GPUs run)
+    nccl           NCCL's own collective, or the grouped         GPU memory (pycoll/gpu.py)
+                   program as NCCL send / receive groups
+    host-staged    the grouped program, its messages through     GPU memory, PYCOLL_GPU_TRANSPORT=shm
+                   the CPU transport (pycoll/gpu.py)
+
+``launch`` returns the call's result, or its Work when ``call.async_op``. The plans and grouped programs
+every executor runs are compiled once, in the dispatcher's ``PlanCache`` (pycoll/plans.py). Collectives
+on host memory run on the calling thread, or, asynchronous, on the communicator's one worker thread
+(``Worker``): a rank's collectives keep their call order either way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from pycoll import _C
+from pycoll.call import Call
+from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
+from pycoll.plans import PlanCache
+from pycoll.work import Work
+
+if TYPE_CHECKING:
+    from pycoll.comm import Communicator
+
+#: Prepared native arguments kept per executor (least recently used dropped first).
+ARGS_CACHE_SIZE = 64
+
+
+class Executor(Protocol):
+    name: str
+
+    def launch(self, call: Call) -> Any: ...
+
+
+class Worker:
+    """Runs a communicator's collectives on the calling thread, or on its one worker thread when
+    asynchronous, in call order; once the communicator is broken or closed, its ``check_usable`` raises."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self._comm = comm
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._ident: int | None = None  # the worker thread's
+        #: Whether an asynchronous collective was ever started (the fast path keeps out from then on).
+        self.started = False
+
+    def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
+        """Runs fn now (sync) or on the worker thread (async: a Future), keeping call order."""
+        comm = self._comm
+        if comm.broken is not None or comm.closed:
+            comm.check_usable()
+        if not async_op and self._pool is None:
+            return fn()  # the common case: nothing asynchronous was ever started
+        if not async_op and threading.get_ident() == self._ident:
+            # A synchronous call from the worker thread itself: a future's callback (e.g. a DDP hook's
+            # fut.then(...)) runs there when its collective finishes. Queuing it behind the next
+            # asynchronous collective and waiting would wait for this very thread; run it now, between
+            # the finished collective and the next one, which is the same point on every rank.
+            return fn()
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()]
+            if not async_op and not self._pending:
+                fut = None
+            else:
+                if self._pool is None:
+                    self.started = True
+                    self._pool = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"pycoll-rank{comm.rank}", initializer=self._note
+                    )
+                fut = self._pool.submit(fn)
+                self._pending.append(fut)
+        if fut is None:
+            return fn()
+        return fut if async_op else fut.result()
+
+    def _note(self) -> None:
+        self._ident = threading.get_ident()
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class _HostExecutor:
+    """The CPU executors' common part: a call on host memory runs on the native communicator, now or on
+    the worker thread, and its native arguments come from ``args`` (each executor's own)."""
+
+    name = ""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.comm = dispatcher.comm
+        self.plans = dispatcher.plans
+        self.worker = dispatcher.worker
+
+    def launch(self, call: Call) -> Any:
+        if not call.async_op:
+            self.worker.submit(lambda: self.run(call), False)
+            return call.result
+
+        def body() -> Any:
+            self.run(call)
+            return call.result
+
+        return Work(self.worker.submit(body, True), call.describe())
+
+    def run(self, call: Call) -> None:
+        """Runs ``call`` on this thread (the GIL released while it runs); straggler notices it completed
+        are delivered before it returns."""
+        native = self.comm.native()
+        args = self.args(call)
+        try:
+            events = native.run(args, call.inp.ptr, call.out.ptr)
+        except BaseException as e:
+            self.comm.native_failed(e)
+        if events and call.report:  # never inside the library's own collectives
+            self.comm.deliver_straggler_events()
+
+    def args(self, call: Call) -> Any:
+        raise NotImplementedError
+
+    def make_args(self, call: Call, program: Any = None) -> Any:
+        """The native arguments of ``call`` (its buffers' addresses are given per run)."""
+        codec = call.codec
+        args = _C.Call(
+            plan=self.plans.plan(
+                call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, codec
+            ),
+            dtype=call.inp.code,
+            op=call.op,
+            collective=COLLECTIVE_CODES[call.collective],
+            algorithm=ALGORITHM_CODES[call.algorithm],
+            count=call.count,
+            root=call.root,
+            codec=None if codec is None else codec.native(),
+            codec_id=0 if codec is None else codec.wire_id,
+            residual=0 if call.residual is None else call.residual.ptr,
+            seed=0 if codec is None else codec.seed,
+            timeout_s=self.comm.timeout if call.timeout is None else call.timeout,
+            program=program,
+        )
+        if not call.report:
+            args.skew = False
+        return args
+
+
+class CpuFragment(_HostExecutor):
+    """The fragment executor. The native arguments of a plain (uncompressed) call are made once per kind
+    of call (making them costs more than the rest of a small call): only the buffers' addresses change
+    from call to call. It also keeps ``pycoll.allreduce``'s fast path (``prepared``, ``run_prepared``)."""
+
+    name = "cpu-fragment"
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        super().__init__(dispatcher)
+        #: The native communicator, until the communicator is finalized (``close``).
+        self.native: Any = dispatcher.comm.native()
+        self._args: OrderedDict[tuple, Any] = OrderedDict()
+        #: pycoll.allreduce's fast path: per (dtype number, length, op, algorithm, timeout) of a numpy
+        #: array, its dtype and the prepared arguments of a call that passed the full path. Read by
+        #: pycoll.api, written by ``remember``.
+        self.prepared: dict[tuple, Any] = {}
+
+    def args(self, call: Call) -> Any:
+        if call.codec is not None or call.residual is not None:
+            return self.make_args(call)
+        inp = call.inp
+        key = (
+            call.collective,
+            call.algorithm,
+            call.count,
+            inp.code,
+            call.op,
+            call.root,
+            call.timeout,
+            call.report,
+        )
+        args = self._args.get(key)
+        if args is not None:
+            self._args.move_to_end(key)
+            return args
+        args = self.make_args(call)
+        self._args[key] = args
+        if len(self._args) > ARGS_CACHE_SIZE:
+            self._args.popitem(last=False)
+        return args
+
+    def remember(self, key: tuple, dtype: Any, call: Call) -> None:
+        """Keeps the prepared arguments of a validated plain in-place call on arrays of ``dtype`` (a numpy
+        dtype, matched by identity: byte-swapped variants are other objects) under ``key``."""
+        if len(self.prepared) >= ARGS_CACHE_SIZE:
+            self.prepared.clear()
+        self.prepared[key] = (dtype, self.args(call))
+
+    def run_prepared(self, args: Any, array: Any) -> bool:
+        """The fast path of a small call (pycoll.allreduce on a numpy array like one it ran before):
+        ``args`` from ``remember``, run in place on ``array``. False, with nothing run, where the call
+        must take the full path: an asynchronous collective was ever started (call order is kept there),
+        the communicator failed or runs grouped programs, or the array is not writable and C-contiguous."""
+        comm = self.comm
+        native = self.native
+        if native is None or self.worker.started or comm.broken is not None or comm.grouped_on_cpu:
+            return False
+        try:
+            events = native.run_in_place(args, array)
+        except BaseException as e:
+            comm.native_failed(e)
+        if events > 0:
+            comm.deliver_straggler_events()
+        return events >= 0
+
+    def close(self) -> None:
+        self.native = None
+
+
+class CpuGrouped(_HostExecutor):
+    """The grouped executor over the CPU transport: the programs GPUs run, checked on CPUs."""
+
+    name = "cpu-grouped"
+
+    def args(self, call: Call) -> Any:
+        program = self.plans.program(
+            call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec
+        )
+        return self.make_args(call, program)
+
+
+def _gpu_executor(name: str) -> Callable[[Dispatcher], Executor]:
+    def make(dispatcher: Dispatcher) -> Executor:
+        from pycoll import gpu  # GPU code is imported at the first GPU collective
+
+        return gpu.EXECUTORS[name](dispatcher)
+
+    return make
+
+
+#: The executors by name: how each is made from its dispatcher (GPU ones at the first GPU collective).
+EXECUTORS: dict[str, Callable[[Dispatcher], Executor]] = {
+    "cpu-fragment": CpuFragment,
+    "cpu-grouped": CpuGrouped,
+    "nccl": _gpu_executor("nccl"),
+    "host-staged": _gpu_executor("host-staged"),
+}
+
+
+class Dispatcher:
+    """One communicator's executors, its plan cache and its worker thread."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.plans = PlanCache(comm.rank, comm.world_size, comm.hosts, comm.segment_bytes)
+        self.worker = Worker(comm)
+        self._executors: dict[str, Executor] = {}
+        #: The fragment executor (the fast path of ``pycoll.allreduce`` reads it directly).
+        self.cpu = self.executor("cpu-fragment")
+
+    def executor(self, name: str) -> Any:
+        """The executor ``name`` (made at its first use)."""
+        found = self._executors.get(name)
+        if found is None:
+            found = self._executors[name] = EXECUTORS[name](self)
+        return found
+
+    def executor_for(self, call: Call) -> str:
+        """The name of the executor that runs ``call``."""
+        if call.inp.on_gpu:
+            return "host-staged" if self.comm.settings.gpu_transport == "shm" else "nccl"
+        return "cpu-grouped" if self.comm.grouped_on_cpu else "cpu-fragment"
+
+    def launch(self, call: Call) -> Any:
+        """Runs ``call`` on its executor: its result, or a Work when ``call.async_op``."""
+        if not call.inp.on_gpu and not self.comm.grouped_on_cpu:
+            return self.cpu.launch(call)  # the common case, without the table's lookups
+        return self.executor(self.executor_for(call)).launch(call)
+
+    def close(self) -> None:
+        self.worker.shutdown()
+        for executor in self._executors.values():
+            close = getattr(executor, "close", None)
+            if close is not None:
+                close()
+        self._executors.clear()
