@@ -170,6 +170,10 @@ class PlanCache:
             )
         return size
 
+    def keys(self) -> list[PlanKey]:
+        """What is cached now, least recently used first."""
+        return list(self._cache)
+
     def _get(self, key: PlanKey) -> Any:
         found = self._cache.get(key)
         if found is not None:
