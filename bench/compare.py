@@ -1,4 +1,4 @@
-"""pycoll against Open MPI and Gloo, measured in the same run, interleaved (DESIGN.md, "Measuring").
+"""pycoll against Open MPI and Gloo, measured in the same run, interleaved (docs/benchmarking.md#measuring).
 
 The host moves these vCPUs between placements every few minutes, which changes results 2-4x, so a
 comparison only means something between runs made close together. This script therefore runs the

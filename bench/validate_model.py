@@ -6,7 +6,7 @@
 1. Calibration and held-out check: ``pycoll.tuning.calibrate.measure_rounds`` times ring, direct and
    tree, uncompressed and int8, 4 KiB..64 MiB, on each world size, in 2 x --rounds interleaved rounds.
    ``fit`` fits the shared-memory parameters to the median of the even rounds; the odd rounds (the
-   same minutes of this noisy machine, DESIGN.md "Measuring", but not used by the fit) are predicted:
+   same minutes of this noisy machine, docs/benchmarking.md#measuring, but not used by the fit) are predicted:
    predicted / measured - 1 for every (world, algorithm, codec, size). The issue's target is within
    +-25% for sizes of 1 MiB and more. The fit goes to a temporary tuning file (``--save`` also saves it
    as this machine's calibration).

@@ -196,12 +196,14 @@ def _agree_on_model(
     if rank != 0:
         gpu_topology = json.loads(store.get("gpu-topology", timeout).decode())
         return model_from_dict(json.loads(store.get("tuning", timeout).decode())), gpu_topology
-    sizes = {"segment_bytes": int(native.segment_bytes), "fragment_bytes": int(native.fragment_bytes)}
+    segment_bytes, fragment_bytes = int(native.segment_bytes), int(native.fragment_bytes)
     model = None
     if auto.uses_calibration(transport):
-        model = load_model(**sizes, workers=usable_cpus())
+        model = load_model(segment_bytes=segment_bytes, fragment_bytes=fragment_bytes, workers=usable_cpus())
     if model is None:
-        model = auto.default_model(transport, workers=usable_cpus(), **sizes)
+        model = auto.default_model(
+            transport, workers=usable_cpus(), segment_bytes=segment_bytes, fragment_bytes=fragment_bytes
+        )
     gpu_topology = auto.gpu_topology_setting(settings.gpu_topology)
     store.set("gpu-topology", json.dumps(gpu_topology).encode())
     store.set("tuning", json.dumps(model_to_dict(model)).encode())

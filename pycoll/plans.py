@@ -35,7 +35,7 @@ class PlanKey(NamedTuple):
     kind: str
     collective: str
     algorithm: str
-    count: int
+    elements: int  # per rank, as the caller gave them
     itemsize: int
     root: int
     layout: tuple[int, int] | None
@@ -146,14 +146,14 @@ class PlanCache:
         if key.layout is not None:
             segment_blocks = max(1, key.segment_bytes // key.layout[1])
             return build_compressed_plan(
-                key.algorithm, rank, self.world_size, key.count, key.layout[0], segment_blocks, local_size
+                key.algorithm, rank, self.world_size, key.elements, key.layout[0], segment_blocks, local_size
             )
         return build_plan(
             key.collective,
             key.algorithm,
             rank,
             self.world_size,
-            key.count,
+            key.elements,
             root=key.root,
             segment_elems=max(1, key.segment_bytes // key.itemsize),
             local_size=local_size,
@@ -187,7 +187,7 @@ class PlanCache:
 
     def _log(self, key: PlanKey, codec: Any, plan: Any, p: Plan) -> None:
         if log.isEnabledFor(logging.INFO):
-            nbytes = key.count * key.itemsize
+            nbytes = key.elements * key.itemsize
             bucket = (key.collective, key.algorithm, max(nbytes, 1).bit_length(), repr(codec))
             if bucket not in self._logged:
                 self._logged.add(bucket)

@@ -1,6 +1,6 @@
 """Baselines for ``pycoll bench --baseline``: other libraries' all-reduce, timed in the same rank
-processes as pycoll's and interleaved with it size by size (DESIGN.md, "Measuring": compare in the same
-run, on the same minutes of a noisy machine).
+processes as pycoll's and interleaved with it size by size (docs/benchmarking.md#measuring: compare in
+the same run, on the same minutes of a noisy machine).
 
 =========  ==================================================  ============================================
 name       what is timed                                       needs

@@ -7,7 +7,7 @@ Open MPI and Gloo are timed by exactly the same code. Like the whole of ``pycoll
 time it loads only the standard library (numpy where it is used) and never the rest of pycoll, so the
 baselines can load it without pycoll's native module.
 
-What is reported follows nccl-tests (see DESIGN.md, "Measuring"):
+What is reported follows nccl-tests (see docs/benchmarking.md#measuring):
 
 - ``time``: for every timed iteration the slowest rank's time (per-iteration times combined across
   ranks with ``reduce_max``), then the median over the iterations. Every iteration, timed or not, is
@@ -435,7 +435,7 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, repeats: int = 10) -> dict[str, flo
     """Single-process large copy (numpy) of ``nbytes``: median time and bandwidth.
 
     ``copy_GBps`` counts the bytes copied; ``rw_GBps`` counts bytes read plus bytes written (2x), the
-    figure DESIGN.md and the issues quote ("one process copies memory at ~40 GB/s").
+    figure the design notes and the issues quote ("one process copies memory at ~40 GB/s").
     """
     import numpy as np
 

@@ -321,7 +321,7 @@ def measure_rounds(
     log: Callable[[str], None] | None = None,
 ) -> list[list[Measurement]]:
     """Time every (algorithm, codec) at every size on each of ``worlds`` local ranks: one job per world
-    size and round, rounds interleaved (w2 w3 w4, w2 w3 w4, ...: DESIGN.md, "Measuring"); the points
+    size and round, rounds interleaved (w2 w3 w4, w2 w3 w4, ...: docs/benchmarking.md#measuring); the points
     of each round. ``algorithms`` may include "auto" and ``codecs`` "auto" (``compression="auto"``
     with ``error_budget``); ``env`` is added to the ranks' environment (e.g. a ``PYCOLL_TUNING_FILE``
     for auto to choose by)."""

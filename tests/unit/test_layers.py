@@ -1,4 +1,5 @@
-"""Layers that import one way (DESIGN.md, "The shape"), checked from the source without importing it.
+"""Layers that import one way (docs/building.md, "Where each idea lives"), checked from the source without
+importing it.
 
 Every ``pycoll/**/*.py`` is parsed with :mod:`ast`; its imports (absolute and relative, at module level
 and inside functions; those under ``if TYPE_CHECKING:`` are left out, they never run) make the module
