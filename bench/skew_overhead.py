@@ -11,7 +11,7 @@
 Overhead. Every rank process (``--ranks``, started with ``pycoll run``) forms a communicator
 (``Communicator(store, rank, world, settings=...)`` with the environment's settings, ``--transport`` and
 a collective deadline of ``--timeout`` seconds, on the store of a first communicator -- ``pycoll.init``,
-no control plane -- which serves only for set-up and for collecting the times) and switches its
+no fault plane -- which serves only for set-up and for collecting the times) and switches its
 recording off and on between bursts (``NativeCommunicator.skew_set_recording``, on every rank before the
 burst's warm-up). ``--two-comms`` compares two communicators instead, one made with ``skew=False`` (what
 PYCOLL_SKEW=0 gives): two communicators' rings and buffers can differ in speed by more than what is

@@ -69,7 +69,7 @@ def init(
     (PYCOLL_TIMEOUT, else 300 s). With PYCOLL_SECRET set, every connection to the rendezvous store
     pycoll forms must prove it holds that secret (a ``store=`` you pass is used as it is).
 
-    ``fault_tolerance`` (default PYCOLL_FAULT_TOLERANCE, on): give the communicator a control plane, so that
+    ``fault_tolerance`` (default PYCOLL_FAULT_TOLERANCE, on): give the communicator a fault plane, so that
     it can ``revoke``, ``agree``, ``shrink`` and ``grow`` and finds a stopped rank within
     PYCOLL_HEARTBEAT_TIMEOUT. ``join="host:port"`` (a member's ``comm.join_address``; several,
     comma-separated; or a file listing them): instead of starting a job, ask a running one to admit this

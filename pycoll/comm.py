@@ -336,13 +336,13 @@ class Communicator:
     def plane_required(self) -> Plane:
         if self._plane is None:
             raise InvalidUsageError(
-                "this communicator has no control plane (it was made with fault_tolerance=False or "
+                "this communicator has no fault plane (it was made with fault_tolerance=False or "
                 "PYCOLL_FAULT_TOLERANCE=0), so it cannot revoke, agree, shrink or grow"
             )
         return self._plane
 
     def _on_plane_event(self, kind: str, rank: int, why: str) -> None:
-        """The control plane found a member dead, or the communicator revoked, or this rank evicted: every
+        """The fault plane found a member dead, or the communicator revoked, or this rank evicted: every
         pending and later collective on this rank must raise."""
         native = self._native
         if native is None:

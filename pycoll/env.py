@@ -71,7 +71,7 @@ from typing import Mapping
 from pycoll.errors import InvalidUsageError
 
 DEFAULT_TIMEOUT_S = 300.0
-# Silence after which the control plane takes a rank for dead (it evicts it). A killed rank is found at
+# Silence after which the fault plane takes a rank for dead (it evicts it). A killed rank is found at
 # once (its sockets close); this bounds a stopped or hung one. torchft's heartbeat timeout is 5 s too.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 5.0
 MAX_SLOT_BYTES = 128 * 1024
@@ -124,7 +124,7 @@ class Settings:
     transport: str = "auto"
     host_id: str | None = None  # None: hostname + boot id (pycoll.comm.host_id)
     socket_ifname: str | None = None  # None: listen on every interface
-    #: PYCOLL_FAULT_TOLERANCE: give communicators a control plane (revoke / agree / shrink / grow, and a
+    #: PYCOLL_FAULT_TOLERANCE: give communicators a fault plane (revoke / agree / shrink / grow, and a
     #: heartbeat that finds a stopped or hung rank); "0" leaves it out.
     fault_tolerance: bool = True
     #: PYCOLL_HEARTBEAT_TIMEOUT: seconds of silence after which a rank is taken for dead and evicted.

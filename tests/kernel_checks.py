@@ -3,7 +3,7 @@
 of the same kernels (``pycoll.testing.emulated_kernels``). Each test file subclasses :class:`KernelChecks`
 and gives it a ``kernels`` fixture: a :class:`Kernels` backend (buffers and the three raw-pointer calls).
 
-Reduce: every dtype x op, against ``_C.cpu_reduce``. Codecs: fp16, bf16, int8 and int4 (several block
+Reduce: every dtype x op, against ``_C.testing.cpu_reduce``. Codecs: fp16, bf16, int8 and int4 (several block
 sizes, nearest and stochastic rounding) against the CPU codecs of ``_C.builtin_codec``: encoded bytes,
 the second copy (out2), decoded values, updated residuals, decode, decode-accumulate (acc, residual,
 divisor, in place). Always on fresh random data of awkward sizes (0, 1, 7, block - 1, block + 1,
@@ -174,7 +174,7 @@ def run_reduce(k: Kernels, dtype: str, op: str, n: int, offsets: tuple[int, int,
     dd2 = k.buf(n * es, offsets[0] * es) if with_dst2 else None
     k.reduce(DTYPE_CODES[dtype], OP_CODES[op], dd.ptr, dd2.ptr if dd2 else 0, da.ptr, db.ptr, n, divisor)
     want = np.empty_like(a)
-    _C.cpu_reduce(DTYPE_CODES[dtype], OP_CODES[op], want, a, b, divisor)
+    _C.testing.cpu_reduce(DTYPE_CODES[dtype], OP_CODES[op], want, a, b, divisor)
     where = f"reduce {dtype} {op} n={n} offsets={offsets} divisor={divisor}"
     assert_same(dd.get(st), want, float_fmt(dtype), where)
     if dd2:
@@ -398,7 +398,7 @@ class KernelChecks:
             da, db = kernels.buf(n * st.itemsize, off * st.itemsize, a), kernels.buf(n * st.itemsize, 0, b)
             kernels.reduce(DTYPE_CODES[dtype], OP_CODES["sum"], da.ptr, 0, da.ptr, db.ptr, n, 0)
             want = np.empty_like(a)
-            _C.cpu_reduce(DTYPE_CODES[dtype], OP_CODES["sum"], want, a, b)
+            _C.testing.cpu_reduce(DTYPE_CODES[dtype], OP_CODES["sum"], want, a, b)
             assert_same(da.get(st), want, float_fmt(dtype), f"in-place reduce {dtype} n={n}")
 
     # -- codecs

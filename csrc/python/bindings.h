@@ -15,6 +15,8 @@ void bind_cuda(pybind11::module_& m);
 void bind_nccl(pybind11::module_& m);
 // pycoll._C.gpu: GPU communicators (grouped programs over NCCL), CUDA events, pointer queries.
 void bind_gpu(pybind11::module_& m);
+// pycoll._C.testing: what only the tests ask of the native core (testing.cc).
+void bind_testing(pybind11::module_& m);
 // The skew recorder's methods on pycoll._C.NativeCommunicator (csrc/engine/skew.h).
 void bind_skew(pybind11::module_& m, pybind11::class_<Communicator>& cls);
 

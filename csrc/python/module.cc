@@ -8,7 +8,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -22,7 +21,7 @@
 #include "engine/plan_compiler.h"
 #include "python/bindings.h"
 #include "python/error_translation.h"
-#include "transport/hmac.h"
+#include "python/numpy_args.h"
 
 #if PYCOLL_WITH_CUDA
 #include "engine/gpu_backend.h"
@@ -30,6 +29,9 @@
 
 namespace py = pybind11;
 using namespace pycoll;
+using python::array_data;
+using python::array_items;
+using python::array_nbytes;
 
 namespace {
 
@@ -153,27 +155,6 @@ std::unique_ptr<Communicator> make_communicator(int rank, int world, size_t slot
 }
 
 // Codec kernels on numpy arrays, for tests and benchmarks: the executor calls the same functions.
-template <class T>
-T* array_data(py::handle obj, const char* what, bool required = true) {
-  if (obj.is_none()) {
-    if (required) throw Error(ErrorKind::kInvalidUsage, std::string(what) + " is required");
-    return nullptr;
-  }
-  if (!py::isinstance<py::array>(obj))
-    throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be a numpy array");
-  py::array arr = py::reinterpret_borrow<py::array>(obj);
-  if (!(arr.flags() & py::array::c_style))
-    throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be C-contiguous");
-  return static_cast<T*>(arr.mutable_data());
-}
-
-size_t array_items(py::handle obj) {
-  return obj.is_none() ? 0 : static_cast<size_t>(py::reinterpret_borrow<py::array>(obj).size());
-}
-size_t array_nbytes(py::handle obj) {
-  return obj.is_none() ? 0 : static_cast<size_t>(py::reinterpret_borrow<py::array>(obj).nbytes());
-}
-
 void codec_encode(const cpu::Codec& c, py::handle src, py::handle out, py::handle residual, double residual_scale,
                   py::handle decoded, uint64_t index, uint32_t key) {
   cpu::EncodeArgs a;
@@ -216,37 +197,6 @@ void codec_decode(const cpu::Codec& c, py::handle in, py::handle dst, py::handle
   c.decode(a);
 }
 
-// The CPU reduce loop on numpy arrays (any dtype of the right itemsize: float16 / bfloat16 as uint16),
-// so that tests can compare the GPU kernel with it bit for bit.
-void cpu_reduce(int dtype, int op, py::handle dst, py::handle a, py::handle b, int avg_divisor, py::handle dst2) {
-  if (dtype < 0 || dtype >= kNumDTypes)
-    throw Error(ErrorKind::kInvalidUsage, "unknown dtype code " + std::to_string(dtype));
-  if (op < 0 || op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code " + std::to_string(op));
-  const size_t es = dtype_size(static_cast<DType>(dtype));
-  void* d = array_data<void>(dst, "dst");
-  void* d2 = array_data<void>(dst2, "dst2", false);
-  const size_t nbytes = array_nbytes(dst);
-  auto input = [&](py::handle h, const char* what) -> const void* {
-    if (!py::isinstance<py::array>(h))
-      throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be a numpy array");
-    py::array arr = py::reinterpret_borrow<py::array>(h);
-    if (!(arr.flags() & py::array::c_style))
-      throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must be C-contiguous");
-    if (static_cast<size_t>(arr.nbytes()) != nbytes)
-      throw Error(ErrorKind::kInvalidUsage, std::string(what) + " must have as many bytes as dst");
-    return arr.data();
-  };
-  const void* pa = input(a, "a");
-  const void* pb = input(b, "b");
-  if (d2 && array_nbytes(dst2) != nbytes) throw Error(ErrorKind::kInvalidUsage, "dst2 must have as many bytes as dst");
-  if (py::reinterpret_borrow<py::array>(dst).itemsize() != static_cast<py::ssize_t>(es))
-    throw Error(ErrorKind::kInvalidUsage, std::string("dst must have items of ") + std::to_string(es) + " bytes for " +
-                                              dtype_name(static_cast<DType>(dtype)));
-  const cpu::ReduceFn fn = cpu::reduce_fn(static_cast<DType>(dtype), static_cast<RedOp>(op));
-  py::gil_scoped_release release;
-  fn(d, d2, pa, pb, nbytes / es, avg_divisor, false);
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -263,7 +213,6 @@ PYBIND11_MODULE(_C, m) {
   for (int k = 0; k < kNumErrorKinds; ++k) error_kinds[kErrorKindNames[k]] = k;
   m.attr("ERROR_KINDS") = error_kinds;
   m.def("reduce_isa", &cpu::reduce_isa, "instruction set of the CPU reduce loops in use");
-  m.def("hardware_concurrency", [] { return std::thread::hardware_concurrency(); });
   // The data address of a numpy array, without the dict that __array_interface__ builds on every call.
   m.def("array_address", [](py::handle obj) {
     if (!py::isinstance<py::array>(obj)) throw Error(ErrorKind::kInvalidUsage, "expected a numpy.ndarray");
@@ -274,36 +223,12 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&bind_compile_plan), py::arg("table"), py::arg("starts"), py::arg("itemsize"),
            py::arg("input_count"), py::arg("output_count"), py::arg("rank"), py::arg("world"), py::arg("coded") = false)
       .def_property_readonly("num_ops", [](const NativePlan& p) { return p.ops.size(); })
-      .def_property_readonly("chains",
-                             [](const NativePlan& p) {
-                               // Per chain: (its member ops, its publishers), for the tests.
-                               py::list out;
-                               for (const Chain& c : p.chains) {
-                                 py::list members, publishers;
-                                 for (uint32_t k = c.first; k < c.first + c.count; ++k) members.append(k);
-                                 for (uint32_t k = c.publish_begin; k < c.publish_end; ++k)
-                                   publishers.append(p.publishers[k]);
-                                 out.append(py::make_tuple(members, publishers));
-                               }
-                               return out;
-                             })
       .def_property_readonly("num_steps",
-                             [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; })
-      .def_property_readonly("dependencies", [](const NativePlan& p) {
-        // Per op: (the ops it waits for, the index before which every op must be done): for the tests.
-        py::list out;
-        for (const PlanOp& op : p.ops) {
-          py::list deps;
-          for (uint32_t d = op.deps_begin; d < op.deps_end; ++d) deps.append(p.deps[d]);
-          out.append(py::make_tuple(deps, op.after_all_before));
-        }
-        return out;
-      });
+                             [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; });
 
   py::class_<GroupedProgram, std::shared_ptr<GroupedProgram>>(m, "GroupedProgram")
       .def(py::init(&bind_compile_program), py::arg("plan"), py::arg("actions"), py::arg("msg_bytes"),
            py::arg("recv_stage"), py::arg("send_stage"), py::arg("work_stage"), py::arg("staging_bytes"))
-      .def_property_readonly("num_actions", [](const GroupedProgram& p) { return p.action.size(); })
       .def_property_readonly("staging_bytes", [](const GroupedProgram& p) { return p.staging_bytes; });
 
   py::class_<cpu::Codec, std::shared_ptr<cpu::Codec>>(m, "Codec")
@@ -331,20 +256,8 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("name"), py::arg("block_elems"), py::arg("block_bytes"), py::arg("tail_bytes"), py::arg("encode"),
       py::arg("decode"));
-  m.def("cpu_reduce", &cpu_reduce, py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("a"), py::arg("b"),
-        py::arg("avg_divisor") = 0, py::arg("dst2") = py::none(),
-        "the CPU reduce loop on numpy arrays: dst = a (+) b (also into dst2), / avg_divisor when > 0");
   m.def("rounding_key", &codec::rounding_key, py::arg("seed"), py::arg("rank"), py::arg("seq"));
   m.def("codec_isa", &cpu::codec_isa, "instruction set of the CPU codec loops in use");
-  m.def(
-      "hmac_sha256",
-      [](const py::bytes& key, const py::bytes& message) {
-        const std::string k = key, msg = message;
-        const Digest d = hmac_sha256(k.data(), k.size(), msg.data(), msg.size());
-        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
-      },
-      py::arg("key"), py::arg("message"), "HMAC-SHA256 as the TCP handshake computes it (csrc/transport/hmac.cc)");
-
   // One collective (csrc/engine/communicator.h Call), made by the CPU executors of pycoll/dispatch.py.
   py::class_<Call> call_class(m, "Call");
   call_class.def(py::init(&make_call), "Call(**fields): keyword arguments only");
@@ -362,7 +275,6 @@ PYBIND11_MODULE(_C, m) {
           [](Communicator& c, bool on) { c.executor().set_fuse(on); },
           "whether chains of receive-reduces run in one pass (csrc/engine/plan_fusion.h); off only to compare")
       .def_property_readonly("tcp_port", [](Communicator& c) { return c.tcp().listen_port(); })
-      .def_property_readonly("tcp_rejected", [](Communicator& c) { return c.tcp().rejected_connections(); })
       .def(
           "connect_tcp",
           [](Communicator& c, const std::vector<std::string>& addresses, const py::bytes& key, double timeout_s) {
@@ -441,6 +353,7 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", &Communicator::abort, py::arg("kind"), py::arg("message"));
 
   python::bind_skew(m, communicator);
+  python::bind_testing(m);
   python::bind_cuda(m);
   python::bind_nccl(m);
   python::bind_gpu(m);

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <new>
 
-#include "transport/control.h"
+#include "transport/announce.h"
 #include "transport/futex.h"
 
 namespace pycoll {
@@ -21,7 +21,7 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x7079636f6c6c3031ull;  // "pycoll01"
-constexpr uint32_t kVersion = 2;                    // 2: the descriptor ring of control.h
+constexpr uint32_t kVersion = 2;                    // 2: the descriptor ring of announce.h
 constexpr size_t kFragHeaderBytes = 64;
 constexpr size_t kAbortMsgBytes = 2048;
 

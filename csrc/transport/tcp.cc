@@ -169,7 +169,7 @@ void TcpTransport::disarm() {
   armed_ = false;
 }
 
-// ---- control plane ----------------------------------------------------------------------------------------
+// ---- announcements (ENTER, ABORT) ---------------------------------------------------------------------------
 
 void TcpTransport::queue_control(int peer, uint32_t type, const void* payload, size_t bytes) {
   Peer& p = peers_[peer];

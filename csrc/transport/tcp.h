@@ -6,7 +6,7 @@
 // in place and releases. When a peer's receive ring is full the I/O thread stops reading that socket, so
 // TCP's own flow control holds the sender back: memory stays bounded.
 //
-// The control plane travels on the same connections as small frames: ENTER (the collective number and
+// The announcements travel on the same connections as small frames: ENTER (the collective number and
 // descriptor a rank entered, for mismatch and timeout messages), ABORT (the error a rank failed with, so
 // that every rank raises it) and BYE (an orderly end: the peer finalized). A connection that closes or
 // fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/control.h"
+#include "transport/announce.h"
 #include "transport/doorbell.h"
 #include "transport/fd.h"
 #include "transport/transport.h"

@@ -1,6 +1,6 @@
 // What the files of the TCP transport share and nobody else needs: the wire format of frames and of the
 // connection handshake, and small socket helpers.
-//   tcp.cc            the Transport methods: set-up and teardown, data plane, waiting, control plane
+//   tcp.cc            the Transport methods: set-up and teardown, data plane, waiting, announcements
 //   tcp_listener.cc   the listening socket, and accepting the ranks above this one (the listener's side
 //                     of the handshake)
 //   tcp_handshake.cc  dialing the ranks below this one (the dialer's side), the proofs both sides send

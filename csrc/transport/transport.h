@@ -87,7 +87,7 @@ class Transport {
   // than asked (it wakes a rank early rather than let two sleeping ranks wait on each other), never more.
   virtual void wait(const struct WaitItem* items, size_t n, int64_t timeout_ns) = 0;
 
-  // --- control plane ---
+  // --- announcements: ENTER (what a rank calls) and ABORT ---
   // Announce that this rank enters collective `seq`, with its stamp; throws if the communicator was aborted.
   virtual void begin_collective(uint64_t seq, const Descriptor& desc, const EntryStamp& stamp) = 0;
   // The stamp `peer` announced for collective `seq`; false if it has not reached this rank (yet), or was

@@ -6,7 +6,7 @@ The parts, named once:
   who takes part in it, so the step divides its data by them (the survivors take over a lost rank's
   share). A step must be deterministic given (state, step, rank, world size).
 - **boundary**: after every ``commit_every`` steps, and after a step that failed on any rank. Every rank
-  meets at a boundary through one agreement on the communicator's control plane (``ok`` = the steps since
+  meets at a boundary through one agreement on the communicator's fault plane (``ok`` = the steps since
   the last boundary succeeded here); a rank whose step failed first revokes the communicator, so that the
   ranks still blocked in a collective of that step raise and come to the boundary too.
 - **commit**: at a boundary where every rank agreed ``ok``: a copy of the state in memory, and the step

@@ -1,4 +1,4 @@
-"""Fault-tolerant agreement on a control plane: every live member calls ``agree(flag, payload)`` and all
+"""Fault-tolerant agreement on a fault plane: every live member calls ``agree(flag, payload)`` and all
 survivors return the same ``Decision``: the AND of the live members' flags, the set of members found
 dead, and every live member's payload.
 
@@ -82,7 +82,7 @@ class Agreements:
             k = self.count
             mine = {"flag": bool(flag), "payload": payload, "dead": sorted(plane.dead)}
             self.proposals.setdefault(k, {})[plane.rank] = mine
-        plane.broadcast({"t": "p", "k": k, **mine})
+        plane.broadcast({"t": "propose", "k": k, **mine})
         deadline = time.monotonic() + timeout
         with plane.cv:
             while True:
@@ -108,13 +108,13 @@ class Agreements:
     # ---- messages ----------------------------------------------------------------------------------
     def on_message(self, peer: int, msg: dict[str, Any]) -> None:
         kind, k = msg["t"], int(msg["k"])
-        if kind == "p":
+        if kind == "propose":
             self.proposals.setdefault(k, {})[peer] = {
                 "flag": msg["flag"],
                 "payload": msg["payload"],
                 "dead": msg["dead"],
             }
-        elif kind == "q":
+        elif kind == "ballot":
             ballot = int(msg["ballot"])
             if ballot >= self.promised.get(k, -1):
                 self.promised[k] = ballot
@@ -122,16 +122,16 @@ class Agreements:
                 self.plane.send(
                     peer,
                     {
-                        "t": "r",
+                        "t": "promise",
                         "k": k,
                         "ballot": ballot,
                         "decision": None if dec is None else dec.to_wire(),
                     },
                 )
-        elif kind == "r":
+        elif kind == "promise":
             if int(msg["ballot"]) == self.plane.rank:
                 self.replies.setdefault(k, {})[peer] = msg
-        elif kind == "d":
+        elif kind == "decide":
             if k not in self.decided and int(msg["ballot"]) >= self.promised.get(k, -1):
                 self._accept(k, Decision.from_wire(msg["decision"]))
         self.plane.cv.notify_all()
@@ -149,7 +149,7 @@ class Agreements:
             for k, decision in list(self.decided.items()):
                 if k not in self.announced:
                     self.announced.add(k)
-                    msg = {"t": "d", "k": k, "ballot": self.plane.rank, "decision": decision.to_wire()}
+                    msg = {"t": "decide", "k": k, "ballot": self.plane.rank, "decision": decision.to_wire()}
                     self.plane.broadcast(msg)
 
     # ---- the coordinator's side --------------------------------------------------------------------
@@ -176,7 +176,7 @@ class Agreements:
                 self.queried.add(k)
                 self.promised[k] = ballot
                 self.replies.setdefault(k, {})
-                plane.broadcast({"t": "q", "k": k, "ballot": ballot})
+                plane.broadcast({"t": "ballot", "k": k, "ballot": ballot})
             replies = self.replies.get(k, {})
             if any(r not in replies for r in live if r != plane.rank):
                 return
@@ -193,7 +193,7 @@ class Agreements:
             )
         self._accept(k, adopted)
         self.announced.add(k)
-        plane.broadcast({"t": "d", "k": k, "ballot": ballot, "decision": adopted.to_wire()})
+        plane.broadcast({"t": "decide", "k": k, "ballot": ballot, "decision": adopted.to_wire()})
 
     def _accept(self, k: int, decision: Decision) -> None:
         if k in self.decided:

@@ -1,4 +1,4 @@
-"""The key-value store a new communicator is set up through when it is formed on a control plane (a
+"""The key-value store a new communicator is set up through when it is formed on a fault plane (a
 shrink or a grow), instead of the job's rendezvous store: that one may have died with rank 0.
 
 The store lives on the plane's rank 0 (``KvServer``); every member reaches it with ``kv`` requests over

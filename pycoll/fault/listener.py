@@ -1,6 +1,6 @@
-"""Where control-plane connections arrive: one listening socket per process and address.
+"""Where fault-plane connections arrive: one listening socket per process and address.
 
-Every communicator's control plane (pycoll/fault/plane.py) is a full mesh of TCP connections, one per
+Every communicator's fault plane (pycoll/fault/plane.py) is a full mesh of TCP connections, one per
 pair of ranks; rank r dials the ranks below it and is dialled by those above. Connections of every plane
 a process takes part in, and the requests of processes asking to join a job, arrive at this one socket:
 
@@ -124,11 +124,11 @@ class ControlListener:
                     conn.close()
                 why = gone()
                 if why is not None:
-                    raise PeerLostError(f"rank {rank} did not join the control plane: {why}", rank=rank)
+                    raise PeerLostError(f"rank {rank} did not join the fault plane: {why}", rank=rank)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeoutError(
-                        f"rank {rank} did not connect its control plane in time (plane {plane})"
+                        f"rank {rank} did not connect its fault plane in time (plane {plane})"
                     )
                 self._cv.wait(min(left, 0.05))
 

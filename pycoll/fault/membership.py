@@ -63,7 +63,7 @@ def initial_plane(
     settings: Settings,
     timeout: float,
 ) -> Plane:
-    """The control plane of a communicator formed through the job's store (``pycoll.init``)."""
+    """The fault plane of a communicator formed through the job's store (``pycoll.init``)."""
     listener = listener_for(addresses[0], addresses[1], settings.secret)
     if rank == 0:
         store.set(

@@ -1,4 +1,4 @@
-"""A communicator's control plane: a full mesh of small TCP connections beside the data transport, with
+"""A communicator's fault plane: a full mesh of small TCP connections beside the data transport, with
 a failure detector, revocation, eviction, and the messages agreement and membership changes need.
 
 The parts, named once and used by these names below:
@@ -44,7 +44,7 @@ Listener = Callable[[str, int, str], None]  # (kind: "dead" | "revoked" | "evict
 
 
 class Plane:
-    """One rank's end of a formed control plane (``form`` makes one)."""
+    """One rank's end of a formed fault plane (``form`` makes one)."""
 
     def __init__(
         self,
@@ -203,7 +203,7 @@ class Plane:
             try:
                 fn(kind, rank, why)
             except Exception:  # noqa: BLE001 - a listener's failure must not stop the detector
-                log.debug("control-plane listener failed", exc_info=True)
+                log.debug("fault-plane listener failed", exc_info=True)
 
     # ---- the plane's thread ------------------------------------------------------------------------
     _rounds = 0
@@ -273,7 +273,7 @@ class Plane:
 
     def _handle(self, peer: int, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
-        if kind == "h":
+        if kind == "heartbeat":
             return
         if kind == "bye":
             with self.cv:
@@ -301,7 +301,7 @@ class Plane:
             self.revoke(f"rank {self.rank} was evicted")
             return
         with self.cv:
-            if kind in ("p", "q", "r", "d"):
+            if kind in wire.AGREEMENT_KINDS:
                 self.agreements.on_message(peer, msg)
             elif kind in ("kv", "kvr"):
                 self.kv.on_message(peer, msg)
@@ -309,7 +309,7 @@ class Plane:
     def _heartbeat(self, now: float) -> None:
         for r in list(self._links):
             if now - self._sent.get(r, 0.0) >= self._interval:
-                self.send(r, {"t": "h"})
+                self.send(r, {"t": "heartbeat"})
             if r in self._links and now - self._heard.get(r, now) > self.heartbeat_timeout:
                 self.found_dead(r, f"it was silent for {now - self._heard[r]:.1f} s (stopped or hung)")
 

@@ -1,4 +1,4 @@
-"""The control plane's wire: frames of a 4-byte big-endian length and a JSON object, and the HMAC proof a
+"""The fault plane's wire: frames of a 4-byte big-endian length and a JSON object, and the HMAC proof a
 connection gives when the job has a secret (PYCOLL_SECRET).
 
 JSON, not pickle: a frame from a stranger (a process that dialled a listener) is data, never code.
@@ -15,6 +15,10 @@ import time
 from typing import Any
 
 from pycoll.errors import PeerLostError
+
+#: The frames of an agreement (pycoll/fault/agreement.py), by their "t": a rank's proposal; a ballot that
+#: asks the others to promise; a promise, with what was decided already; the decision.
+AGREEMENT_KINDS = ("propose", "ballot", "promise", "decide")
 
 #: The largest frame accepted; a control message is a few hundred bytes, a kv value at most a few KiB.
 MAX_FRAME = 4 << 20

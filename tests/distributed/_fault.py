@@ -190,7 +190,7 @@ def _arm_death_in_shrink(comm: Any, how: str, path: str) -> None:
 
         def broadcast(msg: dict[str, Any], skip: tuple[int, ...] = ()) -> None:
             real(msg, skip)
-            if msg.get("t") == "p":
+            if msg.get("t") == "propose":
                 die(path)
 
         plane.broadcast = broadcast
@@ -373,7 +373,7 @@ def body_grow(comm, rank, world, joiners, holder, out_dir):
 
 def body_grow_fails(comm, rank, world, holder, mode, out_dir, grow_timeout):
     """A joiner dies in the middle of the grow (``mode``: "die-assign", right after it got its rank;
-    "die-plane", once its control plane is up): every member's grow raises, the old communicator still
+    "die-plane", once its fault plane is up): every member's grow raises, the old communicator still
     works, and a grow with a healthy joiner then succeeds."""
     procs, paths = [], []
     if rank == holder:
@@ -428,7 +428,7 @@ def body_shrink_grow(comm, rank, world, victim, stamp_path, out_dir, delay=0.1):
 
 
 def body_no_fault_tolerance(comm, rank, world):
-    """A communicator without a control plane: shrink / grow / agree / join_address raise
+    """A communicator without a fault plane: shrink / grow / agree / join_address raise
     InvalidUsageError, and the communicator still works afterwards."""
     out = {"has_plane": comm._plane is not None}
     calls = {
@@ -464,7 +464,7 @@ def body_shrink_repeatedly(comm, rank, world, n, timeout):
 def body_bye_race(comm, rank, world, delay):
     """Rank 0 leaves (finalize), its ``bye`` to the last rank ``delay`` s after the others' (as when the
     closing thread is preempted mid-broadcast). The others, still on the communicator, report what their
-    control plane believes afterwards, and agree among themselves."""
+    fault plane believes afterwards, and agree among themselves."""
     plane = comm.plane_required()
     if rank == 0:
         real = plane.send
@@ -506,7 +506,7 @@ def body_settle_time(comm, rank, world, victim):
 
 
 def body_second_death_after_error(comm, rank, world, first, second):
-    """``first`` dies mid-all-reduce; ``second`` dies 30 ms after its control plane found ``first`` dead
+    """``first`` dies mid-all-reduce; ``second`` dies 30 ms after its fault plane found ``first`` dead
     (while the other ranks are still reporting the error of their all-reduce)."""
     if rank == first:
         die_later(0.1, None)
@@ -634,7 +634,7 @@ def _die_with_parent() -> None:
 def joiner_main(address: str, out_path: str, mode: str) -> int:
     """A process asking the job at ``address`` to admit it; writes its report to ``out_path``.
     mode "die-assign": SIGKILLs itself right after it got its rank (before it dials anyone);
-    "die-plane": once its control plane with the members is up (as its communicator is being made)."""
+    "die-plane": once its fault plane with the members is up (as its communicator is being made)."""
     import pycoll.comm
     import pycoll.fault.membership as membership
 

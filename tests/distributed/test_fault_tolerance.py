@@ -6,7 +6,7 @@ and (once) both: the fault matrix.
  3. a rank killed *inside* the survivors' shrink (right after its proposal, at its build of the new
     communicator, at the commit agreement): the others still end with a correct communicator;
  4. rank 0 killed while it hosts the rendezvous store (plain processes, pycoll.init(master_port=)): the
-    control plane does not need the store;
+    fault plane does not need the store;
  5. a rank SIGSTOPped, then SIGCONTed: the others shrink within a few heartbeat timeouts, the resumed one
     is evicted (EvictedError), the survivors' new communicator is unaffected by its return;
  6. grow by 1 and 2 processes; a joining process killed mid-grow: grow raises on every member and the
@@ -139,7 +139,7 @@ def check_killed(results: list[Any], dead: set[int]) -> None:
 def check_losses(results: list[Any], survivors: list[int], dead: set[int], t_kill: float) -> None:
     """Every survivor's failed call raised, in time, PeerLostError naming a dead rank (``.rank`` and the
     message); or CommunicatorRevokedError from a peer's shrink, when that peer's data transport saw the loss
-    before any control plane did (test_every_survivor_is_told_which_rank_was_lost, an open bug), as long
+    before any fault plane did (test_every_survivor_is_told_which_rank_was_lost, an open bug), as long
     as some survivor named the loss."""
     named = 0
     for r in survivors:
@@ -498,7 +498,7 @@ def test_without_fault_tolerance_shrink_is_refused(how):
         results = pool.run(_fault.body_no_fault_tolerance, timeout=RUN_TIMEOUT)
     assert len({res["after"] for res in results}) == 1
     for r, res in enumerate(results):
-        assert not res["has_plane"], f"rank {r} has a control plane"
+        assert not res["has_plane"], f"rank {r} has a fault plane"
         for name in ("shrink", "grow", "agree", "join_address"):
             err = res[name]
             assert err is not None and err["type"] == "InvalidUsageError", f"rank {r}: {name}: {err}"
@@ -564,7 +564,7 @@ def test_lost_peer_is_reported_without_waiting_for_the_settle_timeout():
 
 
 def test_lost_peer_error_names_the_rank_that_broke_the_collective():
-    """Rank 3 dies mid-all-reduce; rank 1 dies 30 ms after its control plane found rank 3 dead. Ranks 0 and
+    """Rank 3 dies mid-all-reduce; rank 1 dies 30 ms after its fault plane found rank 3 dead. Ranks 0 and
     2 must name rank 3 (.rank). Communicator._plane_error names the lowest dead rank (min(plane.dead)),
     not the one whose loss aborted the call: while settle took 200 ms, ranks 0 and 2 named rank 1. (Still
     possible when a second rank dies within a settle; plane.dead keeps the order ranks were found dead.)"""
@@ -578,7 +578,7 @@ def test_every_survivor_is_told_which_rank_was_lost():
     """TCP: rank 2 dies 0.1 s after a barrier; rank 0 waits in an all-reduce, rank 1 computes for 0.3 s.
     The control threads read rank 2's reset 0.6 s late (in the matrix: a few ms after the data sockets'
     reset). Rank 0's TCP transport raises PeerLostError(rank 2); Communicator.run re-raises it without
-    telling the control plane (plane.found_dead), so rank 0's shrink revokes, and its proposal carries,
+    telling the fault plane (plane.found_dead), so rank 0's shrink revokes, and its proposal carries,
     no dead rank. Rank 1's next all-reduce must raise PeerLostError naming rank 2; it raises
     CommunicatorRevokedError ("rank 0 is shrinking the communicator"), as ranks revoked mid-collective did
     in the matrix (TCP, a few runs in a hundred, e.g. kill-in-shrink tcp and shrink+grow tcp)."""

@@ -109,7 +109,7 @@ def test_kernels_run_on_the_given_stream() -> None:
     with torch.cuda.stream(side):
         got = dd.t[dd.lo:dd.lo + dd.nbytes].cpu().numpy().view(F32)
     want = np.empty_like(a)
-    _C.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, a, b)
+    _C.testing.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, a, b)
     assert_same(got, want, "f32", "reduce on a side stream")
     torch.cuda.synchronize()
 

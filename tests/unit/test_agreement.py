@@ -1,4 +1,4 @@
-"""The control plane's agreement and failure detector, with every rank's plane in this process (threads):
+"""The fault plane's agreement and failure detector, with every rank's plane in this process (threads):
 the outcomes every survivor must share, including a decider that dies after reaching only some ranks."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_a_decider_that_dies_after_reaching_one_rank_is_not_contradicted():
     real = p0.broadcast
 
     def partial(msg, skip=()):
-        if msg.get("t") == "d":
+        if msg.get("t") == "decide":
             p0.send(1, msg)
             deadline = time.monotonic() + 10
             while int(msg["k"]) not in planes[1].agreements.decided and time.monotonic() < deadline:

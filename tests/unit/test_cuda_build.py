@@ -1,5 +1,5 @@
 """pycoll._C.cuda where there is no GPU (every CPU machine, CI included), and the CPU reduce loop that the
-GPU tests compare the kernels with (``_C.cpu_reduce``) against numpy closed forms.
+GPU tests compare the kernels with (``_C.testing.cpu_reduce``) against numpy closed forms.
 
 - Where nvcc exists the module must have been built with CUDA (a silent CPU-only build would make every
   GPU test skip on a GPU machine later).
@@ -150,7 +150,7 @@ def test_cpu_reduce_matches_closed_forms(dtype: str, op: str) -> None:
     na, nb = to_native(a, dtype), to_native(b, dtype)
     dst = np.full_like(na, 0x5A)
     dst2 = np.full_like(na, 0x5A)
-    _C.cpu_reduce(DTYPE_CODES[dtype], OP_CODES[op], dst, na, nb, divisor, dst2)
+    _C.testing.cpu_reduce(DTYPE_CODES[dtype], OP_CODES[op], dst, na, nb, divisor, dst2)
     assert np.array_equal(dst, dst2), "dst2 must receive the same values as dst"
     if floating:
         x, y = a.astype(np.float64), b.astype(np.float64)
@@ -173,7 +173,7 @@ def test_cpu_reduce_propagates_nan_like_numpy() -> None:
     b = np.array([1.0, np.nan, 0.0, -np.inf, np.nan], dtype=np.float32)
     for op, fn in (("min", np.minimum), ("max", np.maximum), ("sum", np.add)):
         dst = np.empty_like(a)
-        _C.cpu_reduce(DTYPE_CODES["float32"], OP_CODES[op], dst, a, b)
+        _C.testing.cpu_reduce(DTYPE_CODES["float32"], OP_CODES[op], dst, a, b)
         with np.errstate(invalid="ignore"):
             np.testing.assert_array_equal(np.isnan(dst), np.isnan(fn(a, b)), err_msg=op)
 
@@ -181,8 +181,8 @@ def test_cpu_reduce_propagates_nan_like_numpy() -> None:
 def test_cpu_reduce_checks_its_arguments() -> None:
     x = np.zeros(8, dtype=np.float32)
     with pytest.raises(InvalidUsageError, match="as many bytes"):
-        _C.cpu_reduce(0, 0, x, x, np.zeros(4, dtype=np.float32))
+        _C.testing.cpu_reduce(0, 0, x, x, np.zeros(4, dtype=np.float32))
     with pytest.raises(InvalidUsageError, match="items of 2 bytes"):
-        _C.cpu_reduce(DTYPE_CODES["float16"], 0, x, x, x)
+        _C.testing.cpu_reduce(DTYPE_CODES["float16"], 0, x, x, x)
     with pytest.raises(InvalidUsageError, match="dtype"):
-        _C.cpu_reduce(42, 0, x, x, x)
+        _C.testing.cpu_reduce(42, 0, x, x, x)

@@ -94,7 +94,7 @@ def reduce_f32(n: int, device: dict[str, Any]) -> dict[str, Any]:
     out = np.empty_like(a)
     ek.reduce("sum", [a, b], out, device=device)
     want = np.empty_like(a)
-    _C.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, a, b)
+    _C.testing.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, a, b)
     assert_same(out, want, "f32", f"reduce of {n} on {device}")
     return ek.last_launch()
 
@@ -190,9 +190,9 @@ def test_reduce_chains_inputs_and_averages_in_the_last_launch() -> None:
     out = np.empty(1001, dtype=np.float32)
     assert ek.reduce("avg", xs, out) is out
     want = np.empty_like(out)
-    _C.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, xs[0], xs[1])
-    _C.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, want, xs[2])
-    _C.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, want, xs[3], 4)
+    _C.testing.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, xs[0], xs[1])
+    _C.testing.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, want, xs[2])
+    _C.testing.cpu_reduce(DTYPE_CODES["float32"], OP_CODES["sum"], want, want, xs[3], 4)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
     ints = [np.arange(10, dtype=np.int64) * k for k in (1, 2, 3)]
     ek.reduce("prod", ints, ints[0])

@@ -60,7 +60,7 @@ def _check(plan: Plan, coded: bool = False) -> None:
     table, starts = plan.to_table()
     native = _C.NativePlan(table, starts, 4, plan.input_count, plan.output_count, plan.rank, plan.world,
                            coded=coded)
-    deps = native.dependencies
+    deps = _C.testing.plan_dependencies(native)
     want = _conflicts(plan, coded)
     step_of = [s for s, step in enumerate(plan.steps) for _ in step]
     first_of_step = [int(starts[s]) for s in step_of]
@@ -103,12 +103,12 @@ def test_the_two_shot_gather_sends_overlap_and_the_barrier_rounds_do_not() -> No
     same region and wait for none of each other; a barrier's second round waits for its first."""
     plan = build_plan("allreduce", "direct", 0, 4, 4000, segment_elems=4000)
     table, starts = plan.to_table()
-    deps = _C.NativePlan(table, starts, 4, 4000, 4000, 0, 4).dependencies
+    deps = _C.testing.plan_dependencies(_C.NativePlan(table, starts, 4, 4000, 4000, 0, 4))
     ops = list(plan.ops())
     finals = [i for i, op in enumerate(ops) if op.kind == OpKind.SEND and op.src[1] == 0]
     assert len(finals) == 3
     assert all(not set(deps[i][0]) & set(finals) for i in finals)
     barrier = build_plan("barrier", "dissemination", 0, 4, 0)
     table, starts = barrier.to_table()
-    bdeps = _C.NativePlan(table, starts, 4, 0, 0, 0, 4).dependencies
+    bdeps = _C.testing.plan_dependencies(_C.NativePlan(table, starts, 4, 0, 0, 0, 4))
     assert [after for _, after in bdeps] == [0, 0, 2, 2]

@@ -1,4 +1,4 @@
-#include "transport/control.h"
+#include "transport/announce.h"
 
 namespace pycoll {
 

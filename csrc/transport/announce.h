@@ -1,4 +1,4 @@
-// The control plane every transport shares, written once: what a rank announces of the collectives it
+// The announcements every transport carries, written once: what a rank announces of the collectives it
 // enters (a ring of descriptors and entry stamps, by collective number), how an abort names the rank that reported it,
 // and the checks that turn a peer's announced descriptor, or a fragment's header, into a mismatch error.
 //
