@@ -4,6 +4,7 @@
 
 #include "engine/cpu_group_backend.h"
 #include "engine/descriptor.h"
+#include "engine/op_semantics.h"
 #include "kernels/half.h"
 #include "transport/composite.h"
 
@@ -45,8 +46,7 @@ size_t Communicator::run(const Call& c) {
   const DType type = static_cast<DType>(c.dtype);
   const cpu::Codec* const codec = c.codec.get();
   const bool widen = codec && type != DType::kFloat32;
-  if (codec && type != DType::kFloat16 && type != DType::kBFloat16 && type != DType::kFloat32)
-    throw Error(ErrorKind::kInvalidUsage, "compression needs float32, float16 or bfloat16 data");
+  if (codec && !compressible(type, static_cast<RedOp>(c.op))) throw Error(ErrorKind::kInvalidUsage, kNotCompressible);
   RunArgs args;
   args.input = reinterpret_cast<const void*>(c.input);
   args.output = reinterpret_cast<void*>(c.output);

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/op_semantics.h"
 #include "pycoll/cuda_check.h"
 
 namespace pycoll::cuda {
@@ -153,8 +154,7 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(c.stream);
   const bool compressed = c.codec.kind != codec::Kind::kNone;
   const bool widen = compressed && c.dtype != DType::kFloat32;
-  if (widen && c.dtype != DType::kFloat16 && c.dtype != DType::kBFloat16)
-    throw Error(ErrorKind::kInvalidUsage, "compression needs float32, float16 or bfloat16 data");
+  if (compressed && !compressible(c.dtype, c.op)) throw Error(ErrorKind::kInvalidUsage, kNotCompressible);
   const uint64_t n = static_cast<uint64_t>(c.desc.count);
   // Workspace layout: staging | kEncoded | float32 copy of float16 / bfloat16 data.
   const uint64_t staging = align_up(program.staging_bytes);

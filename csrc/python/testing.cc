@@ -1,6 +1,6 @@
 // pycoll._C.testing: what only the tests and the tools that check pycoll ask of the native core (the real
-// bindings are in module.cc): a compiled plan's dependencies and chains, the CPU reduce loop and
-// HMAC-SHA256 on numpy arrays and bytes, and how many connections a TCP transport turned away.
+// bindings are in module.cc): a compiled plan's dependencies and chains, the engine's compression rule, the CPU reduce
+// loop and HMAC-SHA256 on numpy arrays and bytes, and how many connections a TCP transport turned away.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,6 +9,7 @@
 
 #include "cpu/reduce.h"
 #include "engine/communicator.h"
+#include "engine/op_semantics.h"
 #include "engine/plan.h"
 #include "python/bindings.h"
 #include "python/numpy_args.h"
@@ -78,6 +79,14 @@ py::list plan_chains(const NativePlan& p) {
 void bind_testing(py::module_& m) {
   py::module_ t = m.def_submodule("testing", "what only the tests ask of the native core");
   t.def("plan_dependencies", &plan_dependencies, py::arg("plan"));
+  t.def(
+      "compressible",
+      [](int dtype, int op) {
+        if (dtype < 0 || dtype >= kNumDTypes || op < 0 || op >= kNumRedOps)
+          throw Error(ErrorKind::kInvalidUsage, "unknown dtype or op code");
+        return compressible(static_cast<DType>(dtype), static_cast<RedOp>(op));
+      },
+      py::arg("dtype"), py::arg("op"), "the engine's rule of what a codec compresses (engine/op_semantics.h)");
   t.def("plan_chains", &plan_chains, py::arg("plan"));
   t.def("cpu_reduce", &cpu_reduce, py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("a"), py::arg("b"),
         py::arg("avg_divisor") = 0, py::arg("dst2") = py::none(),

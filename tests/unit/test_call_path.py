@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pycoll
+from pycoll import _C
 from pycoll import plans as plans_module
 from pycoll.arrays import Buffer
 from pycoll.call import COMPRESSIBLE_DTYPES, Call, compression_refusal
@@ -38,6 +39,7 @@ def test_the_compression_rule_is_dtype_and_op(dtype: str, op: str) -> None:
     allowed = dtype in ("float32", "float16", "bfloat16") and op in ("sum", "avg")
     assert (compression_refusal("allreduce", dtype, op) is None) == allowed
     assert (compression_refusal("allreduce", dtype, op.upper()) is None) == allowed
+    assert _C.testing.compressible(DTYPE_CODES[dtype], OP_CODES[op]) == allowed  # the engine's rule agrees
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather", "broadcast", "barrier"])
