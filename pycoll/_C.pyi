@@ -95,6 +95,8 @@ class Call:
     timeout_s: float
     program: GroupedProgram | None
     skew: bool
+    gpu: _GpuCommunicator | None  # builds with CUDA only: a host-staged collective on GPU memory
+    device: _GpuCall
     def __init__(
         self,
         *,
@@ -114,6 +116,8 @@ class Call:
         timeout_s: float = 0.0,
         program: GroupedProgram | None = None,
         skew: bool = True,
+        gpu: _GpuCommunicator | None = None,
+        device: _GpuCall | None = None,
     ) -> None: ...
 
 class NativeCommunicator:
@@ -158,14 +162,6 @@ class NativeCommunicator:
     @property
     def skew_enabled(self) -> bool: ...
     def skew_set_recording(self, on: bool) -> None: ...
-    def run_device(
-        self,
-        gpu: _GpuCommunicator,
-        plan: NativePlan,
-        program: GroupedProgram,
-        call: _GpuCall,
-        timeout_s: float,
-    ) -> None: ...
     def abort(self, kind: int, message: str) -> None: ...
 
 class _GpuEvent:

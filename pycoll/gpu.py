@@ -492,8 +492,14 @@ class HostStagedExecutor(_GpuExecutor):
 
     def enqueue(self, side: GpuSide, call: Call, stream: int) -> None:
         plan, program = self.program(call)
-        timeout = self.comm.timeout if call.timeout is None else call.timeout
-        self.comm.native().run_device(side.staged_native(), plan, program, device_call(call, stream), timeout)
+        staged = _C.Call(
+            plan=plan,
+            program=program,
+            timeout_s=self.comm.timeout if call.timeout is None else call.timeout,
+            gpu=side.staged_native(),
+            device=device_call(call, stream),
+        )
+        self.comm.native().run(staged, call.inp.ptr, call.out.ptr)
 
 
 #: pycoll/dispatch.py's GPU executors, by name.

@@ -41,6 +41,9 @@ size_t Communicator::run(const Call& c) {
   const NativePlan& plan = *c.plan;
   if (plan.world != transport_->world() || plan.rank != transport_->rank())
     throw Error(ErrorKind::kInternal, "plan was built for another rank or world size");
+#if PYCOLL_WITH_CUDA
+  if (c.gpu) return run_device(c);
+#endif
   if (c.dtype < 0 || c.dtype >= kNumDTypes) throw Error(ErrorKind::kInvalidUsage, "unknown dtype code");
   if (c.op < 0 || c.op >= kNumRedOps) throw Error(ErrorKind::kInvalidUsage, "unknown op code");
   const DType type = static_cast<DType>(c.dtype);
@@ -117,12 +120,14 @@ void Communicator::execute(const NativePlan& plan, const RunArgs& args, const cp
 }
 
 #if PYCOLL_WITH_CUDA
-void Communicator::run_device(cuda::GpuCommunicator& gpu, const NativePlan& plan, const GroupedProgram& program,
-                              cuda::GpuCommunicator::Call call, double timeout_s) {
+size_t Communicator::run_device(const Call& c) {
+  if (!c.program) throw Error(ErrorKind::kInternal, "a host-staged collective was run without its grouped program");
+  cuda::GpuCommunicator::Call call = c.device;
   std::lock_guard<std::mutex> lock(mu_);
   call.seq = executor_->claim_seq();
-  CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(timeout_s * 1e9), on_idle_);
-  gpu.run(plan, program, call, &host);
+  CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(c.timeout_s * 1e9), on_idle_);
+  c.gpu->run(*c.plan, *c.program, call, &host);
+  return 0;
 }
 #endif
 

@@ -64,25 +64,26 @@ struct Call {
   std::shared_ptr<GroupedProgram> program;
   // Whether it counts in the skew report (false: one of the library's own, which only feed its clock).
   bool skew = true;
+#if PYCOLL_WITH_CUDA
+  // A collective on GPU memory whose messages travel through this transport (host-staged: for ranks that
+  // share one GPU, which NCCL refuses, or that have no NCCL): the GPU communicator whose kernels run the
+  // plan's grouped program, and the call as the GPU side takes it. Null for host memory.
+  std::shared_ptr<cuda::GpuCommunicator> gpu;
+  cuda::GpuCommunicator::Call device{};
+#endif
 };
 
 class Communicator {
  public:
   explicit Communicator(const CommunicatorConfig& config);
 
-  // Runs one collective. `codec` (null for plain collectives) encodes the messages of a compressed
-  // all-reduce; its plan works on float32, so float16 / bfloat16 buffers are widened into a work buffer
-  // first and rounded back once at the end (accumulation is always float32). Collectives of one
-  // communicator run one at a time. Returns the number of straggler events waiting (SkewRecorder).
-  size_t run(const Call& args);
-
-#if PYCOLL_WITH_CUDA
-  // A collective on GPU memory whose messages travel through this transport (host-staged): for ranks
-  // that share one GPU, which NCCL refuses, or that have no NCCL. Enqueued on the call's stream, but the
-  // host waits for that stream at every group.
-  void run_device(cuda::GpuCommunicator& gpu, const NativePlan& plan, const GroupedProgram& program,
-                  cuda::GpuCommunicator::Call call, double timeout_s);
-#endif
+  // Runs one collective, the only way in. `codec` (null for plain collectives) encodes the messages of a
+  // compressed all-reduce; its plan works on float32, so float16 / bfloat16 buffers are widened into a
+  // work buffer first and rounded back once at the end (accumulation is always float32). With `gpu`, the
+  // call is on GPU memory and host-staged: enqueued on its stream, the host waiting for that stream at
+  // every group. Collectives of one communicator run one at a time. Returns the number of straggler
+  // events waiting (SkewRecorder; none for GPU memory).
+  size_t run(const Call& call);
 
   void abort(int kind, const std::string& message);
 
@@ -100,6 +101,9 @@ class Communicator {
   // how the CPU tests check the programs GPUs run over NCCL).
   void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
   void widened(const Call& c, RunArgs& args, const cpu::Codec* codec);
+#if PYCOLL_WITH_CUDA
+  size_t run_device(const Call& c);
+#endif
 
   std::unique_ptr<Transport> transport_;
   ShmTransport* shm_ = nullptr;

@@ -112,10 +112,10 @@ void bind_gpu(py::module_& m) {
       .def_readwrite("residual", &Call::residual)
       .def_readwrite("seed", &Call::seed)
       .def_readwrite("stream", &Call::stream);
-  py::class_<cuda::GpuCommunicator>(gpu, "GpuCommunicator")
-      .def(py::init([](PyComm& nccl) { return std::make_unique<cuda::GpuCommunicator>(nccl.shared()); }),
+  py::class_<cuda::GpuCommunicator, std::shared_ptr<cuda::GpuCommunicator>>(gpu, "GpuCommunicator")
+      .def(py::init([](PyComm& nccl) { return std::make_shared<cuda::GpuCommunicator>(nccl.shared()); }),
            py::arg("nccl_comm"))
-      .def(py::init<>(), "a host-staged GPU communicator: NativeCommunicator.run_device moves its messages")
+      .def(py::init<>(), "a host-staged GPU communicator: NativeCommunicator.run (Call.gpu) moves its messages")
       .def(
           "run",
           [](cuda::GpuCommunicator& self, const NativePlan& plan, const GroupedProgram& program, const Call& call) {

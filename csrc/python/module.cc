@@ -72,6 +72,11 @@ std::shared_ptr<GroupedProgram> bind_compile_program(const NativePlan& plan, con
   return compile_program(plan, arrays);
 }
 
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
+
 // The fields of Call by name, in order: for its keyword constructor and its attributes.
 template <class F>
 void for_each_call_field(F&& f) {
@@ -91,6 +96,10 @@ void for_each_call_field(F&& f) {
   f("timeout_s", &Call::timeout_s);
   f("program", &Call::program);
   f("skew", &Call::skew);
+#if PYCOLL_WITH_CUDA
+  f("gpu", &Call::gpu);
+  f("device", &Call::device);
+#endif
 }
 
 // Call(**fields), made once per collective. The keywords are looked up with interned names:
@@ -104,7 +113,7 @@ Call make_call(const py::kwargs& kwargs) {
   Call a;
   size_t i = 0;
   Py_ssize_t found = 0;
-  for_each_call_field([&](const char*, auto member) {
+  for_each_call_field([&](const char* name, auto member) {
     PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), names[i++]);
     if (!value) {
       if (PyErr_Occurred()) throw py::error_already_set();
@@ -112,13 +121,17 @@ Call make_call(const py::kwargs& kwargs) {
     }
     ++found;
     using T = std::remove_reference_t<decltype(a.*member)>;
-    if constexpr (!std::is_arithmetic_v<T>) {  // a shared_ptr: pybind11's cast of None is slow
+    if constexpr (is_shared_ptr<T>::value) {  // pybind11's cast of None is slow
       if (value == Py_None) {
         a.*member = nullptr;
         return;
       }
     }
-    a.*member = py::cast<T>(py::handle(value));
+    try {
+      a.*member = py::cast<T>(py::handle(value));
+    } catch (const py::cast_error&) {
+      throw py::type_error(std::string("Call(): ") + name + " cannot be a " + Py_TYPE(value)->tp_name);
+    }
   });
   if (found != PyDict_Size(kwargs.ptr())) {
     for (auto item : kwargs) {
@@ -340,16 +353,6 @@ PYBIND11_MODULE(_C, m) {
             return static_cast<int64_t>(c.run(mine));
           },
           py::arg("call"), py::arg("array"))
-#if PYCOLL_WITH_CUDA
-      .def(
-          "run_device",
-          [](Communicator& c, cuda::GpuCommunicator& gpu, const NativePlan& plan, const GroupedProgram& program,
-             cuda::GpuCommunicator::Call call, double timeout_s) {
-            py::gil_scoped_release release;
-            c.run_device(gpu, plan, program, call, timeout_s);
-          },
-          py::arg("gpu"), py::arg("plan"), py::arg("program"), py::arg("call"), py::arg("timeout_s"))
-#endif
       .def("abort", &Communicator::abort, py::arg("kind"), py::arg("message"));
 
   python::bind_skew(m, communicator);

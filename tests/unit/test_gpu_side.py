@@ -82,7 +82,9 @@ def fakes(monkeypatch):
         set_device=lambda i: None,
     )
     gpu = types.SimpleNamespace(Event=FakeEvent, Call=_C.gpu.Call, GpuCommunicator=FakeGpuCommunicator)
-    monkeypatch.setattr(gpu_module, "_C", types.SimpleNamespace(cuda=cuda, gpu=gpu))
+    # _C.Call holds a real GPU communicator only: the fake one travels in a plain namespace.
+    fake_c = types.SimpleNamespace(cuda=cuda, gpu=gpu, Call=types.SimpleNamespace)
+    monkeypatch.setattr(gpu_module, "_C", fake_c)
     import pycoll.nccl
 
     monkeypatch.setattr(pycoll.nccl, "create_nccl_comm", lambda store, rank, world, timeout: nccl)
@@ -160,15 +162,16 @@ def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def run_device(self, gpu, plan, program, call, timeout_s):
-            seen.append((gpu, call.count, timeout_s))
+        def run(self, call, input, output):
+            assert isinstance(call.plan, _C.NativePlan) and isinstance(call.program, _C.GroupedProgram)
+            seen.append((call.gpu, call.device.count, call.timeout_s, input == output == call.device.input))
 
     real = comm.native()
     monkeypatch.setattr(comm, "native", Native)
     pycoll.allreduce(DeviceArray(77), algorithm="tree", comm=comm, timeout=9)
     with pytest.raises(pycoll.InvalidUsageError, match="needs NCCL"):
         pycoll.allreduce(DeviceArray(77), algorithm="nccl", comm=comm)
-    assert len(seen) == 1 and seen[0][1:] == (77, 9) and isinstance(seen[0][0], FakeGpuCommunicator)
+    assert len(seen) == 1 and seen[0][1:] == (77, 9, True) and isinstance(seen[0][0], FakeGpuCommunicator)
     assert fakes.calls == []
 
 
@@ -199,3 +202,12 @@ def test_close_destroys_nccl_before_the_gpu_communicator_waits_for_its_workspace
     pycoll.allreduce(DeviceArray(10), algorithm="ring", comm=comm)
     comm.finalize()
     assert order == ["nccl destroyed", "gpu communicator dropped"]
+
+
+def test_a_host_staged_call_carries_its_device_part_in_the_one_native_call():
+    device = _C.gpu.Call()
+    device.count, device.stream = 5, 0x5000
+    call = _C.Call(device=device, timeout_s=3.0)
+    assert (call.device.count, call.device.stream, call.gpu, call.timeout_s) == (5, 0x5000, None, 3.0)
+    with pytest.raises(TypeError, match="Call\\(\\): gpu cannot be a FakeGpuCommunicator"):
+        _C.Call(gpu=FakeGpuCommunicator())  # only a real GPU communicator
