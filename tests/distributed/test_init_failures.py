@@ -44,7 +44,7 @@ mode = sys.argv[4]
 use_store = len(sys.argv) > 6
 import numpy as np
 import pycoll
-from pycoll import comm as comm_mod
+from pycoll import formation
 from pycoll.bootstrap import TCPStoreClient
 from pycoll.bootstrap.failfast import FailFastStore
 
@@ -58,11 +58,11 @@ if rank == fail_rank:
         return announce(self, exc, *args, **kwargs)
     FailFastStore.announce = noted
     def inject(name, what):
-        original = getattr(comm_mod.Communicator, name)
-        def fail(self, *args, **kwargs):
-            setattr(comm_mod.Communicator, name, original)  # once: a later init works
+        original = getattr(formation, name)
+        def fail(*args, **kwargs):
+            setattr(formation, name, original)  # once: a later init works
             raise OSError(f"injected failure in {what} on rank {rank}")
-        setattr(comm_mod.Communicator, name, fail)
+        setattr(formation, name, fail)
     if mode == "shm":
         inject("_attach_shared_memory", "shared-memory attach")
     elif mode == "model":
