@@ -19,7 +19,6 @@ on host memory run on the calling thread, or, asynchronous, on the communicator'
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -32,7 +31,7 @@ from pycoll.work import Work
 if TYPE_CHECKING:
     from pycoll.comm import Communicator
 
-#: Prepared native arguments kept per executor (least recently used dropped first).
+#: Prepared native arguments kept per executor (the oldest kind of call dropped first).
 ARGS_CACHE_SIZE = 64
 
 
@@ -106,7 +105,11 @@ class _HostExecutor:
 
     def launch(self, call: Call) -> Any:
         if not call.async_op:
-            self.worker.submit(lambda: self.run(call), False)
+            comm = self.comm
+            if not self.worker.started and comm.broken is None and not comm.closed:
+                self.run(call)  # Worker.submit's common case, without its closure (small calls feel it)
+            else:
+                self.worker.submit(lambda: self.run(call), False)
             return call.result
 
         def body() -> Any:
@@ -156,9 +159,9 @@ class _HostExecutor:
 
 
 class CpuFragment(_HostExecutor):
-    """The fragment executor. The native arguments of a plain (uncompressed) call are made once per kind
-    of call (making them costs more than the rest of a small call): only the buffers' addresses change
-    from call to call. It also keeps ``pycoll.allreduce``'s fast path (``prepared``, ``run_prepared``)."""
+    """The fragment executor. The native arguments of a call are made once per kind of call (making them
+    costs more than the rest of a small call): only the buffers' addresses change from call to call. It
+    also keeps ``pycoll.allreduce``'s fast path (``prepared``, ``run_prepared``)."""
 
     name = "cpu-fragment"
 
@@ -166,35 +169,36 @@ class CpuFragment(_HostExecutor):
         super().__init__(dispatcher)
         #: The native communicator, until the communicator is finalized (``close``).
         self.native: Any = dispatcher.comm.native()
-        self._args: OrderedDict[tuple, Any] = OrderedDict()
+        #: Per kind of call: its codec (None uncompressed) and its native arguments.
+        self._args: dict[tuple, tuple[Any, Any]] = {}
         #: pycoll.allreduce's fast path: per (dtype number, length, op, algorithm, timeout) of a numpy
         #: array, its dtype and the prepared arguments of a call that passed the full path. Read by
         #: pycoll.api, written by ``remember``.
         self.prepared: dict[tuple, Any] = {}
 
     def args(self, call: Call) -> Any:
-        if call.codec is not None or call.residual is not None:
-            return self.make_args(call)
-        inp = call.inp
+        # A codec is keyed by identity and seed (the rest of what the arguments take from it, its native
+        # codec and wire id, is fixed when it is made) and kept in the entry, so that its id is not reused
+        # while the entry lives; a residual by its address, which the native arguments hold.
+        codec, residual = call.codec, call.residual
         key = (
             call.collective,
             call.algorithm,
             call.count,
-            inp.code,
+            call.inp.code,
             call.op,
             call.root,
             call.timeout,
             call.report,
+            None if codec is None else (id(codec), codec.seed),
+            0 if residual is None else residual.ptr,
         )
-        args = self._args.get(key)
-        if args is not None:
-            self._args.move_to_end(key)
-            return args
-        args = self.make_args(call)
-        self._args[key] = args
-        if len(self._args) > ARGS_CACHE_SIZE:
-            self._args.popitem(last=False)
-        return args
+        entry = self._args.get(key)
+        if entry is None or entry[0] is not codec:
+            if len(self._args) >= ARGS_CACHE_SIZE:
+                del self._args[next(iter(self._args))]  # the oldest kind of call
+            entry = self._args[key] = (codec, self.make_args(call))
+        return entry[1]
 
     def remember(self, key: tuple, dtype: Any, call: Call) -> None:
         """Keeps the prepared arguments of a validated plain in-place call on arrays of ``dtype`` (a numpy

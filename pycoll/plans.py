@@ -42,6 +42,9 @@ class PlanKey(NamedTuple):
     segment_bytes: int
 
 
+_new_key = tuple.__new__
+
+
 class PlanCache:
     """One rank's compiled plans and grouped programs (``plan``, ``program``)."""
 
@@ -68,8 +71,10 @@ class PlanCache:
         layout = None if codec is None else (codec.block_elems, codec.block_bytes)
         if layout is not None:
             itemsize = 4  # compressed plans work on float32 (wider types are widened first)
-        return PlanKey(
-            kind, collective, algorithm, count, itemsize, root, layout, segment_bytes or self.segment_bytes
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of a compressed call's lookup)
+        return _new_key(
+            PlanKey,
+            (kind, collective, algorithm, count, itemsize, root, layout, segment_bytes or self.segment_bytes),
         )
 
     def plan(
@@ -85,8 +90,9 @@ class PlanCache:
         """The compiled plan (``_C.NativePlan``). With a codec, an all-reduce plan on float32 cut at its
         blocks."""
         key = self.key("plan", collective, algorithm, count, itemsize, root, codec, segment_bytes)
-        found = self._get(key)
+        found = self._cache.get(key)  # _get, inline: every compressed call looks its plan up
         if found is not None:
+            self._cache.move_to_end(key)
             return found
         p = self.python_plan(self.rank, key)
         table, starts = p.to_table()

@@ -156,6 +156,32 @@ def test_the_cache_drops_the_least_recently_used(one_rank_comm, monkeypatch) -> 
     assert [k.elements for k in cache.keys()] == [3, 1, 4]
 
 
+def test_native_arguments_are_made_once_per_kind_of_call(one_rank_comm) -> None:
+    """Compressed calls too: per codec (by identity and seed) and residual, made once and reused."""
+    fragment = one_rank_comm.dispatcher.executor("cpu-fragment")
+    x = np.arange(1000, dtype=np.float32)
+    codec = Int8(block=64, rounding="stochastic", seed=1)
+    made = []
+    real = fragment.make_args
+
+    def make_args(call, program=None):
+        made.append((call.codec.seed, call.residual is not None))
+        return real(call, program)
+
+    fragment.make_args = make_args
+    for _ in range(3):
+        pycoll.allreduce(x, compression=codec, comm=one_rank_comm)
+    assert len(made) == 1
+    codec.seed = 2  # another seed is another kind of call: its rounding keys differ
+    pycoll.allreduce(x, compression=codec, comm=one_rank_comm)
+    pycoll.allreduce(x, compression=Int8(block=64, rounding="stochastic", seed=2), comm=one_rank_comm)
+    residual = pycoll.compression.ErrorFeedback()
+    for _ in range(2):
+        pycoll.allreduce(x, compression=codec, residual=residual, comm=one_rank_comm)
+    assert made == [(1, False), (2, False), (2, False), (2, True)]
+    np.testing.assert_array_equal(x, np.arange(1000, dtype=np.float32))  # one rank: nothing is quantized
+
+
 def test_hierarchical_needs_equal_hosts() -> None:
     cache = plans_module.PlanCache(0, 3, ["a", "a", "b"], 1 << 20)
     with pytest.raises(pycoll.InvalidUsageError, match=r"same number of ranks on every host.*ranks 0, 1"):
