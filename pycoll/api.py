@@ -217,9 +217,10 @@ def _timeout(timeout: float | None) -> float | None:
 
 
 def _compression(
-    comm: Communicator, compression: Any, residual: Any, buf: Buffer, op: str
+    comm: Communicator, compression: Any, residual: Any, buf: Buffer, op: str, collective: str = "allreduce"
 ) -> tuple[Codec | None, Buffer | None]:
-    """The codec and residual of a compressed all-reduce, validated before anything is sent."""
+    """The codec and residual (shaped like ``buf``, the call's input) of a compressed ``collective``,
+    validated before anything is sent."""
     codec = get_codec(compression)
     if codec is None:
         if residual is not None:
@@ -230,7 +231,7 @@ def _compression(
             f"{codec!r} encodes a block into {codec.block_bytes} bytes, more than one transport fragment "
             f"({comm.fragment_bytes} bytes, PYCOLL_SHM_SLOT_BYTES); use a smaller block"
         )
-    refusal = compression_refusal("allreduce", buf.dtype, op)
+    refusal = compression_refusal(collective, buf.dtype, op)
     if refusal is not None:
         raise InvalidUsageError(f"compression={codec!r} {refusal}")
     if residual is None:
@@ -455,6 +456,8 @@ def reduce_scatter(
     op: str = "sum",
     *,
     algorithm: str = "auto",
+    compression: Union[str, Codec, None] = None,
+    residual: Any = None,
     comm: Communicator | None = None,
     timeout: float | None = None,
     async_op: bool = False,
@@ -462,6 +465,12 @@ def reduce_scatter(
     """``out`` on rank r becomes chunk r of the reduction of every rank's ``x``.
 
     ``x`` holds world_size * out.size elements (chunk r is ``x.flat[r*m:(r+1)*m]``); it is not modified.
+
+    ``compression``: as for ``allreduce`` (float32, float16 or bfloat16 data, op sum or avg). Each rank
+    encodes each chunk of ``x`` once, on the way to its owner, and the owner adds the decoded chunks and
+    its own exact one in float32 (the direct algorithm; docs/compression.md#reduce-scatter): every
+    element is quantized once, whatever the world size. ``residual``: error feedback as for
+    ``allreduce``, shaped like ``x``.
     """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)
@@ -474,7 +483,15 @@ def reduce_scatter(
             f"elements, got {xb.count}"
         )
     gpu = _on_gpu(xb, ob)
-    algo = auto.algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
+    codec, res = _compression(c, compression, residual, xb, op, "reduce_scatter")
+    if codec is not None:
+        if res is not None and res.overlaps(ob):
+            raise InvalidUsageError("residual must not overlap out")
+        algo = auto.compressed_reduce_scatter_algorithm(algorithm)
+        if c.world_size == 1:  # nothing is sent: the chunk is copied exactly, as without a codec
+            codec = res = None
+    else:
+        algo = auto.algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
     call = Call(
         "reduce_scatter",
         algo,
@@ -483,6 +500,8 @@ def reduce_scatter(
         ob.count,
         op=code,
         op_name=op,
+        codec=codec,
+        residual=res,
         timeout=_timeout(timeout),
         async_op=async_op,
         result=out,

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.algorithms.compressed import DEFAULT_COMPRESSED_ALGORITHM
+from pycoll.algorithms.compressed import COMPRESSED_REDUCE_SCATTER_ALGORITHM, DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.call import compression_refusal
 from pycoll.compression import Codec, get_codec
 from pycoll.env import (
@@ -240,6 +240,17 @@ def auto_compressed_algorithm(comm: Communicator) -> str:
     of equal size (more than one rank each: the codec only on the links between hosts, each host's sum
     exact, every rank's link used), else direct (two-shot: each element quantized at most twice)."""
     return "hierarchical" if comm.spans_equal_hosts else DEFAULT_COMPRESSED_ALGORITHM
+
+
+def compressed_reduce_scatter_algorithm(algorithm: str) -> str:
+    """The plan of a reduce-scatter with a codec: direct, which quantizes each element once (a ring would
+    re-encode the partial sums at every hop); ``algorithm`` must be it or auto."""
+    if algorithm not in ("auto", COMPRESSED_REDUCE_SCATTER_ALGORITHM):
+        raise InvalidUsageError(
+            f"a compressed reduce_scatter runs algorithm={COMPRESSED_REDUCE_SCATTER_ALGORITHM!r} (each "
+            f"element quantized once; a ring would quantize it at every hop), got {algorithm!r}"
+        )
+    return COMPRESSED_REDUCE_SCATTER_ALGORITHM
 
 
 def compression(

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 COMPRESSIBLE_DTYPES = ("float32", "float16", "bfloat16")
 #: The operators a codec compresses: a sum of decoded messages is a sum, not a min or a product.
 COMPRESSIBLE_OPS = ("sum", "avg")
-#: The collectives a codec compresses (its plans: pycoll/algorithms/compressed.py).
-COMPRESSIBLE_COLLECTIVES = ("allreduce",)
+#: The collectives a codec compresses (their plans: pycoll/algorithms/compressed.py).
+COMPRESSIBLE_COLLECTIVES = ("allreduce", "reduce_scatter")
 
 
 def compression_refusal(collective: str, dtype: str, op: str) -> str | None:

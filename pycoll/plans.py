@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Sequence
 
 from pycoll import _C, auto
 from pycoll.algorithms import build_plan
-from pycoll.algorithms.compressed import build_compressed_plan
+from pycoll.algorithms.compressed import build_compressed_plan, build_compressed_reduce_scatter
 from pycoll.algorithms.grouped import lower_to_groups
 from pycoll.algorithms.plan import Plan
 from pycoll.errors import InvalidUsageError
@@ -87,8 +87,8 @@ class PlanCache:
         codec: Any = None,
         segment_bytes: int | None = None,
     ) -> Any:
-        """The compiled plan (``_C.NativePlan``). With a codec, an all-reduce plan on float32 cut at its
-        blocks."""
+        """The compiled plan (``_C.NativePlan``). With a codec, a plan on float32 cut at its blocks
+        (pycoll/algorithms/compressed.py)."""
         key = self.key("plan", collective, algorithm, count, itemsize, root, codec, segment_bytes)
         found = self._cache.get(key)  # _get, inline: every compressed call looks its plan up
         if found is not None:
@@ -151,6 +151,10 @@ class PlanCache:
         local_size = self._ranks_per_host() if key.algorithm == "hierarchical" else 1
         if key.layout is not None:
             segment_blocks = max(1, key.segment_bytes // key.layout[1])
+            if key.collective == "reduce_scatter":
+                return build_compressed_reduce_scatter(
+                    rank, self.world_size, key.elements, key.layout[0], segment_blocks
+                )
             return build_compressed_plan(
                 key.algorithm, rank, self.world_size, key.elements, key.layout[0], segment_blocks, local_size
             )

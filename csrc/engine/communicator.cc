@@ -69,26 +69,25 @@ size_t Communicator::run(const Call& c) {
   return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
 }
 
-// A compressed all-reduce of float16 / bfloat16 data: on a float32 copy, rounded back at the end.
+// A compressed collective of float16 / bfloat16 data: on float32 copies, the output rounded back at the
+// end. An all-reduce works in place on one copy; a reduce-scatter reads a copy of its input (world chunks)
+// and writes a float32 output of its own.
 void Communicator::widened(const Call& c, RunArgs& args, const cpu::Codec* codec) {
+  const NativePlan& plan = *c.plan;
   const DType type = static_cast<DType>(c.dtype);
   const uint16_t* in = static_cast<const uint16_t*>(args.input);
   uint16_t* out = static_cast<uint16_t*>(args.output);
-  const size_t n = static_cast<size_t>(c.count);
-  work_.resize(n);
-  float* w = work_.data();
-  if (type == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) w[i] = half_to_float(in[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) w[i] = bf16_to_float(in[i]);
-  }
-  args.input = args.output = w;
-  execute(*c.plan, args, codec, c.program.get());
-  if (type == DType::kFloat16) {
-    for (size_t i = 0; i < n; ++i) out[i] = float_to_half(w[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(w[i]);
-  }
+  const size_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
+  const bool in_place = args.input == args.output;
+  work_.resize(in_place ? n_in : n_in + n_out);
+  float* const w_in = work_.data();
+  float* const w_out = in_place ? w_in : w_in + n_in;
+  const bool half = type == DType::kFloat16;
+  for (size_t i = 0; i < n_in; ++i) w_in[i] = half ? half_to_float(in[i]) : bf16_to_float(in[i]);
+  args.input = w_in;
+  args.output = w_out;
+  execute(plan, args, codec, c.program.get());
+  for (size_t i = 0; i < n_out; ++i) out[i] = half ? float_to_half(w_out[i]) : float_to_bf16(w_out[i]);
 }
 
 void Communicator::execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec,

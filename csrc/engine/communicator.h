@@ -78,11 +78,11 @@ class Communicator {
   explicit Communicator(const CommunicatorConfig& config);
 
   // Runs one collective, the only way in. `codec` (null for plain collectives) encodes the messages of a
-  // compressed all-reduce; its plan works on float32, so float16 / bfloat16 buffers are widened into a
-  // work buffer first and rounded back once at the end (accumulation is always float32). With `gpu`, the
-  // call is on GPU memory and host-staged: enqueued on its stream, the host waiting for that stream at
-  // every group. Collectives of one communicator run one at a time. Returns the number of straggler
-  // events waiting (SkewRecorder; none for GPU memory).
+  // compressed all-reduce or reduce-scatter; its plan works on float32, so float16 / bfloat16 buffers are widened into
+  // a work buffer first and rounded back once at the end (accumulation is always float32). With `gpu`, the call is on
+  // GPU memory and host-staged: enqueued on its stream, the host waiting for that stream at every group. Collectives of
+  // one communicator run one at a time. Returns the number of straggler events waiting (SkewRecorder; none for GPU
+  // memory).
   size_t run(const Call& call);
 
   void abort(int kind, const std::string& message);
@@ -111,7 +111,7 @@ class Communicator {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<SkewRecorder> skew_;
   std::mutex mu_;
-  std::vector<float> work_;  // float32 copy of a float16 / bfloat16 buffer being all-reduced with a codec
+  std::vector<float> work_;  // float32 copies of a float16 / bfloat16 collective's buffers, with a codec
   std::function<void()> on_idle_;
   std::vector<uint8_t> staging_, encoded_;  // grouped programs' staging and kEncoded buffers
 };

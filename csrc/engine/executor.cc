@@ -445,6 +445,9 @@ void Executor::PlanRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const u
   float* const dst = reinterpret_cast<float*>(buffer(op.dst_buf) + op.dst_off) + first;
   const float* const src = reinterpret_cast<const float*>(buffer(op.src_buf) + op.src_off) + first;
   float* const residual = a_.residual ? a_.residual + elem : nullptr;
+  // What a read of INPUT consumes: the residual of the elements read (a reduce-scatter reads its own chunk
+  // of INPUT into OUTPUT, so that is not `elem`).
+  float* const consumed = a_.residual && op.src_buf == kInput ? a_.residual + op.src_off / 4 + first : nullptr;
   uint8_t* const keep = x_.encoded_.data() + encoded_offset(op.dst_off / 4 + first);
   cpu::DecodeArgs d;
   d.in = frag;
@@ -474,9 +477,10 @@ void Executor::PlanRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const u
       const bool to_dst = op.kind != OpKind::kRecvReduceSend;
       d.dst = to_dst ? dst : x_.scratch_.data();
       d.acc = src;
-      d.residual = op.src_buf == kInput ? residual : nullptr;  // the input is read here: consume it
+      d.residual = consumed;  // the input is read here: consume it
       codec_->decode(d);
-      if (op.kind == OpKind::kRecvReduce && !op.finalize) break;  // a partial kept for a later op
+      // A partial kept for a later op, or a reduce-scatter's final value, which stays here in float32.
+      if (op.kind == OpKind::kRecvReduce && (!op.finalize || op.exact)) break;
       e.src = d.dst;
       e.decoded = to_dst ? dst : nullptr;
       e.out = op.kind == OpKind::kRecvReduce ? keep : static_cast<uint8_t*>(room);

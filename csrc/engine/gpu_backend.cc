@@ -155,11 +155,13 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   const bool compressed = c.codec.kind != codec::Kind::kNone;
   const bool widen = compressed && c.dtype != DType::kFloat32;
   if (compressed && !compressible(c.dtype, c.op)) throw Error(ErrorKind::kInvalidUsage, kNotCompressible);
-  const uint64_t n = static_cast<uint64_t>(c.desc.count);
-  // Workspace layout: staging | kEncoded | float32 copy of float16 / bfloat16 data.
+  // Workspace layout: staging | kEncoded | float32 copies of float16 / bfloat16 data (an all-reduce's one
+  // buffer; a reduce-scatter's input, then its output).
+  const uint64_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
+  const bool in_place = c.input == c.output;
   const uint64_t staging = align_up(program.staging_bytes);
   const uint64_t encoded = compressed ? align_up(c.encoded_bytes) : 0;
-  const uint64_t wide = widen ? align_up(n * 4) : 0;
+  const uint64_t wide = widen ? align_up((in_place ? n_in : n_in + n_out) * 4) : 0;
   uint8_t* ws = workspace_.acquire(staging + encoded + wide, stream);
   // Also when enqueuing fails part-way: what was enqueued uses the workspace, the next call must wait for it.
   struct ReleaseOnError {
@@ -188,14 +190,16 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   // wire format is exactly those 16 bits) and rounded back by its encode, as the CPU path does.
   CodecSpec cast;
   cast.kind = c.dtype == DType::kFloat16 ? codec::Kind::kFp16 : codec::Kind::kBf16;
-  float* work = reinterpret_cast<float*>(ws + staging + encoded);
+  float* const work = reinterpret_cast<float*>(ws + staging + encoded);
+  float* const work_out = in_place ? work : work + n_in;
   if (widen) {
     codec::DecodeArgs d;
     d.in = reinterpret_cast<const uint8_t*>(c.input);
     d.dst = work;
-    d.n = n;
+    d.n = n_in;
     cuda::decode(cast, d, stream);
-    g.input = g.output = work;
+    g.input = work;
+    g.output = work_out;
   }
   if (compressed) {
     g.compressed = true;
@@ -214,9 +218,9 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   }
   if (widen) {
     codec::EncodeArgs e;
-    e.src = work;
+    e.src = work_out;
     e.out = reinterpret_cast<uint8_t*>(c.output);
-    e.n = n;
+    e.n = n_out;
     cuda::encode(cast, e, stream);
   }
   release_on_error.armed = false;

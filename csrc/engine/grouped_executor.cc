@@ -78,6 +78,7 @@ void finish_compressed(const Places& p, const PlanOp& op, size_t i, GroupBackend
   float* const dst = reinterpret_cast<float*>(p.buffer(op.dst_buf) + op.dst_off);
   const float* const src = reinterpret_cast<const float*>(p.buffer(op.src_buf) + op.src_off);
   float* const residual = a.residual ? a.residual + elem : nullptr;
+  float* const consumed = a.residual && op.src_buf == kInput ? a.residual + op.src_off / 4 : nullptr;
   const uint8_t* const msg = p.stage(p.prog.recv_stage[i]);
   codec::DecodeArgs d;
   d.in = msg;
@@ -102,9 +103,10 @@ void finish_compressed(const Places& p, const PlanOp& op, size_t i, GroupBackend
       const bool to_dst = op.kind != OpKind::kRecvReduceSend;
       d.dst = to_dst ? dst : reinterpret_cast<float*>(p.stage(p.prog.work_stage[i]));
       d.acc = src;
-      d.residual = op.src_buf == kInput ? residual : nullptr;  // the input is read here: consume it
+      d.residual = consumed;  // the input is read here: consume it
       be.decode(d);
-      if (op.kind == OpKind::kRecvReduce && !op.finalize) break;  // a partial kept for a later op
+      // A partial kept for a later op, or a reduce-scatter's final value, which stays here in float32.
+      if (op.kind == OpKind::kRecvReduce && (!op.finalize || op.exact)) break;
       e.src = d.dst;
       e.decoded = to_dst ? dst : nullptr;
       e.out = op.kind == OpKind::kRecvReduce ? p.encoded_at(op.dst_off) : p.stage(p.prog.send_stage[i]);

@@ -48,6 +48,9 @@ struct PlanOp {
   // With a codec: this op's message is the float32 elements, not their encoding, and it does what it does
   // without a codec (the hierarchical all-reduce's intra-host stages; "Compressed plans" in plan.py).
   bool uncompressed;
+  // With a codec: a finalizing RECV_REDUCE whose value stays here (a reduce-scatter's owner): kept in
+  // float32, not encoded ("Compressed plans" in plan.py).
+  bool exact;
   uint64_t bytes;
   uint64_t src_off;  // bytes
   uint64_t dst_off;  // bytes

@@ -24,6 +24,7 @@ enum Col {
   kDstOff,
   kFinalize,
   kUncompressed,
+  kExact,
   kNumCols
 };
 static_assert(kNumCols == kPlanColumns, "kPlanColumns must match the op table's columns");
@@ -61,10 +62,12 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     op.dst_off = static_cast<uint64_t>(t(i, kDstOff)) * itemsize;
     op.finalize = t(i, kFinalize) != 0;
     op.uncompressed = t(i, kUncompressed) != 0;
+    op.exact = t(i, kExact) != 0;
     auto bad = [&](const std::string& why) {
       throw Error(ErrorKind::kInternal, "plan op " + std::to_string(i) + " is invalid: " + why);
     };
     if (t(i, kCount) < 0) bad("negative count");
+    if (op.exact && !(op.kind == OpKind::kRecvReduce && op.finalize)) bad("only a finalizing RECV_REDUCE is exact");
     if (op_sends(op.kind) && (op.send_peer < 0 || op.send_peer >= world || op.send_peer == rank))
       bad("send peer out of range");
     if (op_receives(op.kind) && (op.recv_peer < 0 || op.recv_peer >= world || op.recv_peer == rank))

@@ -25,7 +25,7 @@ struct Int64Array {
 };
 
 // Number of columns of the op table (pycoll/algorithms/plan.py OP_COLUMNS).
-inline constexpr int kPlanColumns = 10;
+inline constexpr int kPlanColumns = 11;
 
 // One rank's plan: `table` is [n_ops, kPlanColumns] (counts and offsets in elements of `itemsize`
 // bytes), `starts` the index of each step's first op followed by n_ops. Every op is checked (kind,

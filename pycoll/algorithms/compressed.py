@@ -1,4 +1,4 @@
-"""Compressed all-reduce plans: any all-reduce plan, cut at codec block boundaries.
+"""Compressed plans: any all-reduce plan cut at codec block boundaries, and the direct reduce-scatter.
 
 A codec encodes blocks of ``block`` elements, and a fragment of a message must hold whole blocks to be
 decoded on its own. So the plan is built over *blocks* (an all-reduce of ceil(count / block) "elements")
@@ -20,6 +20,12 @@ Each algorithm quantizes an element a different number of times, which is what i
     tree                once per level on the way up (about log2(world)), then once at the root
     hierarchical        as the ring among the hosts (hosts - 1 times, then the final value once); the
                         sums within a host are exact
+
+Reduce-scatter (``build_compressed_reduce_scatter``) is direct only: every rank encodes each chunk of
+its input once, on the way to the chunk's owner, and the owner sums the decoded shares and its own exact
+share in float32 and keeps the sum (its finalizing receive-reduces are ``exact``). So each element is
+quantized once whatever the world size, where a ring would re-encode the partial sum world - 1 times.
+The chunk's blocks start at the chunk: segments are whole blocks of it, only its last block may be short.
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pycoll.algorithms import build_plan
+from pycoll.algorithms.direct import direct_reduce_scatter
 from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan
 
 #: The default algorithm with a codec: each element is quantized at most twice.
 DEFAULT_COMPRESSED_ALGORITHM = "direct"
+#: The one algorithm of a compressed reduce-scatter (each element quantized once).
+COMPRESSED_REDUCE_SCATTER_ALGORITHM = "direct"
 
 
 def _scale(op: Op, block: int, count: int) -> Op:
@@ -55,3 +64,29 @@ def build_compressed_plan(algorithm: str, rank: int, world: int, count: int, blo
                       local_size=local_size)
     steps = tuple(tuple(_scale(op, block, count) for op in step) for step in plan.steps)
     return Plan(rank, world, "allreduce", algorithm, count, count, steps)
+
+
+def build_compressed_reduce_scatter(
+    rank: int, world: int, count: int, block: int, segment_blocks: int
+) -> Plan:
+    """The direct reduce-scatter plan of ``rank`` for chunks of ``count`` elements encoded in blocks of
+    ``block`` elements (of each chunk), with messages of at most ``segment_blocks`` blocks."""
+    if block < 1 or segment_blocks < 1:
+        raise ValueError(f"need block >= 1 and segment_blocks >= 1, got {block} and {segment_blocks}")
+    if world == 1:
+        raise ValueError("a compressed reduce-scatter needs world >= 2 (one rank copies its input exactly)")
+    blocks = -(-count // block)  # of each chunk
+    plan = direct_reduce_scatter(rank, world, blocks, segment_blocks)  # in blocks, then scaled back
+
+    def element(region: tuple[Buf, int]) -> tuple[Buf, int]:  # INPUT is world chunks, OUTPUT one
+        chunk, b = divmod(region[1], blocks) if blocks else (0, 0)
+        return region[0], chunk * count + min(b * block, count)
+
+    def scale(op: Op) -> Op:
+        region = op.dst if op.kind in WRITES_DST else op.src
+        b = region[1] % blocks if blocks else 0
+        n = min((b + op.count) * block, count) - min(b * block, count)
+        return replace(op, count=n, src=element(op.src), dst=element(op.dst), exact=op.finalize)
+
+    steps = tuple(tuple(scale(op) for op in step) for step in plan.steps)
+    return replace(plan, input_count=world * count, output_count=count, steps=steps)

@@ -45,9 +45,11 @@ Execution order
     straight into the SENDs of it that follow (csrc/engine/plan_fusion.h), combining every element in
     plan order and rounding it as each op would.
 
-Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a codec)
-    Offsets and counts are still elements, all on codec block boundaries. Every message carries the
-    encoding of its op's elements instead of the elements themselves, and the ops do this:
+Compressed plans (``algorithms/compressed.py``; all-reduce and reduce-scatter on float32 with a codec)
+    Offsets and counts are still elements, every op starting on a codec block boundary (an all-reduce's
+    blocks are the buffer's; a reduce-scatter's are its chunk's, each chunk's last block maybe short).
+    Every message carries the encoding of its op's elements instead of the elements themselves, and the
+    ops do this:
         SEND from INPUT      msg = encode(src (+ residual))
         SEND from ENCODED    msg = the encoded bytes this rank kept for the region (a final value)
         RECV                 keep msg in ENCODED; dst = decode(msg)
@@ -62,6 +64,10 @@ Compressed plans (``algorithms/compressed.py``; all-reduce on float32 with a cod
     addressed like OUTPUT. Error feedback (``residual``, float32 like INPUT): ops that read INPUT add the
     residual and reset it to 0; every encode of a region stores what it lost there (for avg, times the
     world size, as the loss happened after the division). COPY does not occur.
+
+    A reduce-scatter's final values stay with their owner, so its finalizing RECV_REDUCEs are marked
+    ``exact``: dst = (src (+ residual) + decode(msg)) / divisor, kept in float32 and never encoded. Each
+    element is then quantized once, by its sender, and the owner's own share not at all.
 
     Ops marked ``uncompressed`` are the exception: their messages carry the float32 elements themselves
     and they do what they do in a plan without a codec (a SEND of OUTPUT sends OUTPUT; nothing is encoded,
@@ -134,6 +140,9 @@ class Op:
     #: In a compressed plan, this op's message carries the float32 elements, not their encoding (see
     #: "Compressed plans"); in other plans it changes nothing.
     uncompressed: bool = False
+    #: In a compressed plan, a finalizing RECV_REDUCE whose value stays on this rank (a reduce-scatter's
+    #: owner): kept in float32, not encoded (see "Compressed plans").
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.count < 0:
@@ -142,12 +151,14 @@ class Op:
             raise ValueError(f"{self.kind.name} needs send_peer iff it sends, got {self.send_peer}")
         if (self.kind in RECEIVES) != (self.recv_peer >= 0):
             raise ValueError(f"{self.kind.name} needs recv_peer iff it receives, got {self.recv_peer}")
+        if self.exact and not (self.kind == OpKind.RECV_REDUCE and self.finalize):
+            raise ValueError(f"only a finalizing RECV_REDUCE keeps its value exact, not {self.kind.name}")
 
 
 # Columns of the int64 table handed to the native executor (csrc/engine/plan.h reads the same order).
 OP_COLUMNS = (
     "kind", "count", "send_peer", "recv_peer", "src_buf", "src_off", "dst_buf", "dst_off", "finalize",
-    "uncompressed",
+    "uncompressed", "exact",
 )
 
 
@@ -169,7 +180,7 @@ class Plan:
         """(ops as an int64 [n_ops, len(OP_COLUMNS)] array, step start indices as int64 [n_steps+1])."""
         rows = [
             (int(o.kind), o.count, o.send_peer, o.recv_peer, int(o.src[0]), o.src[1], int(o.dst[0]), o.dst[1],
-             int(o.finalize), int(o.uncompressed))
+             int(o.finalize), int(o.uncompressed), int(o.exact))
             for o in self.ops()
         ]
         table = np.array(rows, dtype=np.int64).reshape(len(rows), len(OP_COLUMNS))

@@ -20,6 +20,17 @@ and the all-reduce of ``world`` float32 inputs x_r lands within, per element,
 of the exact sum. For direct (two-shot) the owner's own share is not encoded; counting it keeps the
 bound simple and still tight. ``SumBound`` accumulates the input terms one rank at a time (so a caller
 need not hold every rank's input at once); ``error_bound`` is the one-call form.
+
+A compressed reduce-scatter (direct: each share encoded once by its sender, summed in float32 by the
+chunk's owner and kept there) lands within, per element of the owner's chunk c,
+
+    sum_{s != owner} q(x_s[chunk c])                         every other rank's share encoded once
+    + 2 * world * 2**-24 * (sum_s |x_s[chunk c]| + that)      float32 rounding of the world - 1 decodes,
+                                                              the additions and avg's division
+
+where each q is taken over the blocks of the chunk (they start at the chunk; its last may be short).
+There is no term for the result: the owner does not encode its sum. ``reduce_scatter_bound`` computes
+it; for avg the result times the world size is held to it.
 """
 
 from __future__ import annotations
@@ -30,7 +41,15 @@ import numpy as np
 
 from pycoll.compression.codecs import Codec
 
-__all__ = ["CAST_ROUNDOFF", "F32_U", "SumBound", "block_absmax", "error_bound", "quantization_bound"]
+__all__ = [
+    "CAST_ROUNDOFF",
+    "F32_U",
+    "SumBound",
+    "block_absmax",
+    "error_bound",
+    "quantization_bound",
+    "reduce_scatter_bound",
+]
 
 #: Relative unit roundoff (half an ulp) of the cast codecs.
 CAST_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -125,3 +144,21 @@ def error_bound(codec: Codec, algorithm: str, inputs: Iterable[np.ndarray], resu
     for x in inputs:
         sb.add(x)
     return sb.bound(result)
+
+
+def reduce_scatter_bound(codec: Codec, inputs: Iterable[np.ndarray], owner: int) -> np.ndarray:
+    """Per element of ``owner``'s chunk: how far its compressed reduce-scatter of ``inputs`` (every rank's
+    float32 input, ``world`` chunks each) may land from the exact sum (see the module doc)."""
+    _check_codec(codec)
+    xs = [np.asarray(x, dtype=np.float32).reshape(-1) for x in inputs]
+    world = len(xs)
+    if world == 0 or xs[0].size % world or any(x.size != xs[0].size for x in xs):
+        raise ValueError(f"need world inputs of world * m elements each, got sizes {[x.size for x in xs]}")
+    m = xs[0].size // world
+    chunks = [x[owner * m:(owner + 1) * m] for x in xs]
+    bound = np.zeros(m)
+    for s, chunk in enumerate(chunks):
+        if s != owner:
+            bound += quantization_bound(codec, chunk)
+    total_abs = np.sum([np.abs(c.astype(np.float64)) for c in chunks], axis=0)
+    return bound + 2 * world * F32_U * (total_abs + bound)

@@ -444,9 +444,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     ) -> Callable[[], None]:
         """``output`` becomes this rank's chunk of the reduction of every rank's ``inputs`` (concatenated).
 
-        Lossless: pycoll's reduce-scatter. Compressed (the codec rule): a compressed all-reduce of a copy
-        of the input (residual keyed by ``key``'s storage), of which this rank keeps its chunk; bitwise ops
-        reduce a copy the same way, lossless."""
+        pycoll's reduce-scatter, compressed where the codec rule says (each element quantized once, by
+        its sender; error feedback's residual, shaped like the input, keyed by ``key``'s storage). Bitwise
+        ops: an all-reduce of a copy of the input, of which this rank keeps its chunk, lossless."""
         op, factor = reduce_op(opts.reduceOp)
         timeout = _seconds(opts)
         m, total = output.numel(), sum(t.numel() for t in inputs)
@@ -457,8 +457,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             )
         (check_bitwise if op in BITWISE else check_reducible)(output, op)
         chunk = slice(self._rank * m, (self._rank + 1) * m)
-        whole = op in BITWISE or self.options.codec_for(output, op, numel=total) is not None
-        comm = self.comm
+        comm, options = self.comm, self.options
 
         def flat() -> torch.Tensor:
             return inputs[0].reshape(-1) if len(inputs) == 1 else torch.cat([t.reshape(-1) for t in inputs])
@@ -475,11 +474,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             low_in, low_out = lowered(source, op), lowered(output, op)
             if factor is not None:
                 low_in.work.mul_(factor)
-            pycoll.reduce_scatter(low_in.work, low_out.work, low_out.op, comm=comm, timeout=timeout)
+            codec = options.codec_for(low_in.work, low_out.op)
+            residual = None
+            if codec is not None and options.error_feedback:
+                residual = self._residuals.for_tensor(key, low_in.work.numel())
+            pycoll.reduce_scatter(
+                low_in.work, low_out.work, low_out.op, compression=codec, residual=residual, comm=comm,
+                timeout=timeout,
+            )  # fmt: skip
             if low_out.back is not None:
                 low_out.back()
 
-        return run_whole if whole else run
+        return run_whole if op in BITWISE else run
 
     # ---- point to point -----------------------------------------------------------------------------
     def _check_peer(self, peer: int, what: str) -> int:

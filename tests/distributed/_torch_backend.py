@@ -327,7 +327,7 @@ def compressed(_comm: Any, rank: int, world: int, n: int, steps: int) -> dict[st
     residuals = len(group._residuals)
     rs_in = torch.randn(world * 2048, generator=g)
     rs_out = torch.empty(2048)
-    dist.reduce_scatter_tensor(rs_out, rs_in, group=group)  # compressed: an all-reduce of a copy
+    dist.reduce_scatter_tensor(rs_out, rs_in, group=group)  # compressed: each element quantized once
     rs_first = rs_out.tolist()
     dist.reduce_scatter_tensor(rs_out, rs_in, group=group)  # the same input storage: its residual
     return {

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pycoll.algorithms._layout import recv, recv_reduce, send
-from pycoll.algorithms.compressed import build_compressed_plan
+from pycoll.algorithms.compressed import build_compressed_plan, build_compressed_reduce_scatter
 from pycoll.algorithms.plan import READS_SRC, SENDS, WRITES_DST, Buf, Op, OpKind, Plan, make_plan
 from pycoll.algorithms.simulate import PlanError, SimResult, check_plan, simulate
 from pycoll.algorithms.tree import double_binary_tree
@@ -392,3 +392,41 @@ def test_compressed_simulation_arguments() -> None:
     plain = [build_plan("allreduce", "direct", r, 2, 16) for r in range(2)]
     with pytest.raises(PlanError, match="sends OUTPUT"):
         simulate(plain, x, codec=codec)
+
+
+# ---- reduce-scatter: direct, each element encoded once by its sender ---------------------------------------
+@pytest.mark.parametrize("world", (2, 3, 4, 7))
+@pytest.mark.parametrize("codec", [Int8(block=64), Int4(block=16), FP16()], ids=ids)
+def test_compressed_reduce_scatter_plan(world: int, codec: Codec) -> None:
+    """Every finalizing op is an exact RECV_REDUCE into the owner's chunk; every op starts on a block of
+    its chunk; each rank sends each other rank's chunk once, encoded: (world - 1) * encoded_bytes(m)."""
+    block = codec.block_elems
+    for m, segment_blocks in [(0, 1), (1, 1), (block + 1, 1), (5 * block + 3, 2), (1 << 18, 64)]:
+        for rank in range(world):
+            plan = build_compressed_reduce_scatter(rank, world, m, block, segment_blocks)
+            assert (plan.input_count, plan.output_count) == (world * m, m)
+            ops = list(plan.ops())
+            finals = [o for o in ops if o.finalize]
+            assert all(o.kind == OpKind.RECV_REDUCE and o.exact and o.dst[0] == Buf.OUTPUT for o in finals)
+            assert sum(o.count for o in finals) == m
+            for o in ops:
+                buf, off = o.src if o.kind == OpKind.SEND else o.dst
+                assert (off % m if buf == Buf.INPUT and m else off) % block == 0 or o.count == 0
+                assert o.count <= segment_blocks * block
+            sends = [o for o in ops if o.kind == OpKind.SEND]
+            assert all(o.src[0] == Buf.INPUT for o in sends)
+            sent = sum(ref.encoded_bytes(codec, o.count) for o in sends)
+            assert sent == (world - 1) * ref.encoded_bytes(codec, m)
+            if m == 1 << 18:  # against (N-1)/N * M * (bits + scale bits / block), M the input's elements
+                bits = 8 * codec.block_bytes / block
+                formula = (world - 1) / world * (world * m) * bits / 8
+                assert abs(sent / formula - 1) < 0.02
+
+
+def test_compressed_reduce_scatter_needs_two_ranks_and_exact_means_final() -> None:
+    with pytest.raises(ValueError, match="world >= 2"):
+        build_compressed_reduce_scatter(0, 1, 10, 8, 1)
+    with pytest.raises(ValueError, match="only a finalizing RECV_REDUCE keeps its value exact"):
+        Op(OpKind.RECV_REDUCE, 4, recv_peer=1, exact=True)
+    with pytest.raises(ValueError, match="only a finalizing RECV_REDUCE keeps its value exact"):
+        Op(OpKind.SEND, 4, send_peer=1, finalize=False, exact=True)
