@@ -4,6 +4,7 @@
     python bench/codec_accuracy.py --tables a,b             # accuracy only (~1 min)
     python bench/codec_accuracy.py --tables c --bench-ranks 2 --bench-sizes 1M,64M --rounds 3
     python bench/codec_accuracy.py --json raw.json          # also keep the raw measurements
+    python bench/codec_accuracy.py --tables d               # reduce-scatter (~1 min)
 
 (a) Relative error ||out - exact|| / ||exact|| (exact: the float64 sum) of op sum over 1M float32
     elements of fresh Gaussian inputs (mean over ``--trials``), for codec {fp16, bf16, int8, int4} x
@@ -22,6 +23,10 @@
     may be shared: only same-round ratios compare).
     The same numbers by hand, one round:
         pycoll bench --ranks 4 -b 1M -e 64M -f 4 --compression none,fp16,bf16,int8,int4
+(d) Compressed reduce-scatter (each element quantized once, by its sender): relative error of the
+    concatenated chunks for codec x world {2, 4, 8}, beside a reference ring reduce-scatter that
+    re-quantizes the partial sum at every hop (pycoll.compression.reference, computed on rank 0), and
+    the elements outside the derived per-element bound (bounds.reduce_scatter_bound), which must be 0.
 
 Ranks are started with pycoll's launcher (``python -m pycoll.run -n W bench/codec_accuracy.py --worker``);
 rank 0 rebuilds every rank's input (a pure function of rank, count and seed) and writes its figures
@@ -79,7 +84,50 @@ def _cases(world: int, parts: str, block_worlds: list[int]) -> list[tuple[str, s
             for block in BLOCKS:
                 for rounding in ("nearest", "stochastic"):
                     cases.append(("b", f"{kind}/{block}/{rounding}", "direct", kind, (block, rounding)))
+    if "d" in parts:
+        for kind in CODECS:
+            cases.append(("d", f"rs/{kind}", "direct", kind, (None, "nearest")))
     return cases
+
+
+def _ring_reduce_scatter(codec: Any, inputs: list[np.ndarray], m: int) -> np.ndarray:
+    """Every chunk as a ring reduce-scatter that re-encodes its partial sum at every hop computes it."""
+    from pycoll.compression import reference as codec_ref
+
+    world = len(inputs)
+    chunks = []
+    for owner in range(world):
+        order = [(owner + k) % world for k in range(1, world + 1)]  # the owner adds last, exactly
+        partial = inputs[order[0]][owner * m:(owner + 1) * m].copy()
+        for r in order[1:]:
+            _, decoded = codec_ref.encode(codec, partial)
+            partial = decoded + inputs[r][owner * m:(owner + 1) * m]
+        chunks.append(partial)
+    return np.concatenate(chunks)
+
+
+def _reduce_scatter_case(codec: Any, x: np.ndarray, inputs: list[np.ndarray] | None, rank: int,
+                         world: int) -> tuple[float, float, int] | None:
+    """One compressed reduce-scatter of x; on rank 0: (its relative error, the ring reference's,
+    elements outside the bound)."""
+    import pycoll
+    from pycoll.compression.bounds import reduce_scatter_bound
+
+    m = x.size // world
+    out = np.empty(m, dtype=np.float32)
+    pycoll.reduce_scatter(x[:world * m], out, compression=codec, timeout=120)
+    full = np.empty(world * m, dtype=np.float32)
+    pycoll.all_gather(out, full, timeout=120)  # every chunk to rank 0, exactly
+    if rank != 0:
+        return None
+    assert inputs is not None
+    ins = [v[:world * m] for v in inputs]
+    exact = np.sum([v.astype(np.float64) for v in ins], axis=0)
+    norm = _l2(exact)
+    err = np.abs(full.astype(np.float64) - exact)
+    bound = np.concatenate([reduce_scatter_bound(codec, ins, owner) for owner in range(world)])
+    ring = _l2(_ring_reduce_scatter(codec, ins, m).astype(np.float64) - exact) / norm
+    return _l2(err) / norm, ring, int(np.count_nonzero(~(err <= bound)))
 
 
 def _l2(a: np.ndarray) -> float:
@@ -97,6 +145,7 @@ def worker(args: argparse.Namespace) -> int:
     count = args.count
     cases = _cases(world, args.parts, args.block_worlds)
     errors: dict[str, list[float]] = {label: [] for _, label, *_ in cases}
+    ring: dict[str, list[float]] = {label: [] for _, label, *_ in cases}  # table d's reference
     outside: dict[str, int] = {label: 0 for _, label, *_ in cases}
     try:
         for trial in range(args.trials):
@@ -108,8 +157,15 @@ def worker(args: argparse.Namespace) -> int:
                 inputs = [gaussian_input(r, count, seed) for r in range(world)]
                 exact = np.sum([v.astype(np.float64) for v in inputs], axis=0)
                 norm = _l2(exact)
-            for _part, label, algorithm, kind, (block, rounding) in cases:
+            for part, label, algorithm, kind, (block, rounding) in cases:
                 codec = _make_codec(kind, block, rounding, seed=trial + 1)
+                if part == "d":
+                    got = _reduce_scatter_case(codec, x, inputs if rank == 0 else None, rank, world)
+                    if got is not None:
+                        errors[label].append(got[0])
+                        ring[label].append(got[1])
+                        outside[label] += got[2]
+                    continue
                 y = x.copy()
                 pycoll.allreduce(y, algorithm=algorithm, compression=codec, timeout=120)
                 if rank != 0:
@@ -132,7 +188,8 @@ def worker(args: argparse.Namespace) -> int:
         for part, label, algorithm, kind, (block, rounding) in cases:
             out["cases"].append({
                 "part": part, "label": label, "algorithm": algorithm, "codec": kind, "block": block,
-                "rounding": rounding, "errors": errors[label], "outside": outside[label],
+                "rounding": rounding, "errors": errors[label], "ring_errors": ring[label],
+                "outside": outside[label],
             })
         Path(args.out).write_text(json.dumps(out))
     return 0
@@ -206,6 +263,31 @@ def table_b(runs: dict[int, dict[str, Any]], block_worlds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def table_d(runs: dict[int, dict[str, Any]]) -> str:
+    worlds = sorted(runs)
+    cols = []
+    for w in worlds:
+        cols += [f"world {w}", f"ring w{w}"]
+    lines = ["| codec | " + " | ".join(cols) + " |", "|" + "---|" * (1 + len(cols))]
+    outside = 0
+    for kind in CODECS:
+        cells = []
+        for w in worlds:
+            case = next(c for c in runs[w]["cases"] if c["label"] == f"rs/{kind}")
+            outside += case["outside"]
+            mine, ring = statistics.fmean(case["errors"]), statistics.fmean(case["ring_errors"])
+            cells += [f"{mine:.3g}", f"{ring:.3g}"]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    any_run = runs[worlds[0]]
+    lines.append("")
+    lines.append(f"Compressed reduce-scatter, relative L2 error of all chunks against the float64 sum, "
+                 f"mean of {any_run['trials']} trials of {any_run['count']} float32 elements per rank; "
+                 f"\"ring\": a reference ring reduce-scatter that re-quantizes the partial sum at every "
+                 f"hop. Elements "
+                 f"outside the derived per-element bound: {outside}.")
+    return "\n".join(lines)
+
+
 def _run_bench(ranks: int, size: int, out: str) -> list[dict[str, Any]]:
     job = jobs.Job(ranks=ranks, minbytes=size, maxbytes=size, compression=BENCH_CODECS, json=out)
     cmd = jobs.job_command(job)
@@ -270,7 +352,7 @@ def _size_list(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--tables", default="a,b,c", help="which tables: a, b, c or a comma list (a,b,c)")
+    ap.add_argument("--tables", default="a,b,c,d", help="which tables: a, b, c, d or a comma list (a,b,c,d)")
     ap.add_argument("--worlds", type=_int_list, default=[2, 4, 8], help="world sizes of table a (2,4,8)")
     ap.add_argument("--block-worlds", type=_int_list, default=[4, 8], help="world sizes of table b (4,8)")
     ap.add_argument("--count", type=int, default=1 << 20, help="float32 elements (1M = 1048576)")
@@ -292,10 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, Any] = {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="codec_accuracy-") as tmp:
-        if tables & {"a", "b"}:
+        if tables & {"a", "b", "d"}:
             parts = {w: "" for w in (args.worlds + args.block_worlds)}
             for w in args.worlds if "a" in tables else []:
                 parts[w] += "a"
+            for w in args.worlds if "d" in tables else []:
+                parts[w] += "d"
             for w in args.block_worlds if "b" in tables else []:
                 parts[w] += "b"
             runs = {w: _launch_accuracy(w, p, args, tmp) for w, p in sorted(parts.items()) if p}
@@ -306,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
             if "b" in tables:
                 print("### (b) Choosing block sizes (two-shot)\n")
                 print(table_b(runs, args.block_worlds), "\n", flush=True)
+            if "d" in tables:
+                print("### (d) Compressed reduce-scatter: one quantization against a re-quantizing ring\n")
+                print(table_d({w: r for w, r in runs.items() if w in args.worlds}), "\n", flush=True)
         if "c" in tables:
             text, records = table_c(args, tmp)
             raw["bench"] = records

@@ -185,7 +185,6 @@ class _GpuCall:
     codec_rounding: int
     block_elems: int
     block_bytes: int
-    encoded_bytes: int
     residual: int
     seed: int
     stream: int

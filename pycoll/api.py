@@ -487,7 +487,7 @@ def reduce_scatter(
     if codec is not None:
         if res is not None and res.overlaps(ob):
             raise InvalidUsageError("residual must not overlap out")
-        algo = auto.compressed_reduce_scatter_algorithm(algorithm)
+        algo = auto.compressed_algorithm("reduce_scatter", algorithm)
         if c.world_size == 1:  # nothing is sent: the chunk is copied exactly, as without a codec
             codec = res = None
     else:
@@ -514,11 +514,19 @@ def all_gather(
     out: T,
     *,
     algorithm: str = "auto",
+    compression: Union[str, Codec, None] = None,
+    exact_own: bool = False,
     comm: Communicator | None = None,
     timeout: float | None = None,
     async_op: bool = False,
 ) -> Union[T, Work]:
-    """``out`` on every rank becomes the concatenation of every rank's ``x`` in rank order."""
+    """``out`` on every rank becomes the concatenation of every rank's ``x`` in rank order.
+
+    ``compression``: as for ``allreduce`` (float32, float16 or bfloat16 data). Each rank's ``x`` is
+    encoded once and every rank decodes the same bytes, its owner too, so every rank's ``out`` is
+    bitwise identical (docs/compression.md#all-gather); ``exact_own=True``: each rank keeps its own
+    chunk exact instead (the ranks' outputs then differ in that chunk).
+    """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)
     ob = as_buffer(out, "out", writable=True)
@@ -529,9 +537,26 @@ def all_gather(
             f"elements, got {ob.count}"
         )
     gpu = _on_gpu(xb, ob)
-    algo = auto.algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize, gpu)
+    codec, _ = _compression(c, compression, None, xb, "sum", "all_gather")
+    if codec is None and exact_own:
+        raise InvalidUsageError("exact_own= applies to a compressed all_gather (give compression=)")
+    if codec is not None:
+        algo = auto.compressed_algorithm("all_gather", algorithm)
+        if c.world_size == 1:  # nothing is sent: the chunk is copied exactly, as without a codec
+            codec, exact_own = None, False
+    else:
+        algo = auto.algorithm(c, "all_gather", algorithm, ob.nbytes, ob.itemsize, gpu)
     call = Call(
-        "all_gather", algo, xb, ob, xb.count, timeout=_timeout(timeout), async_op=async_op, result=out
+        "all_gather",
+        algo,
+        xb,
+        ob,
+        xb.count,
+        codec=codec,
+        timeout=_timeout(timeout),
+        async_op=async_op,
+        result=out,
+        exact_own=bool(exact_own),
     )
     return c.launch(call)
 

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pycoll.algorithms import ALGORITHMS
-from pycoll.algorithms.compressed import COMPRESSED_REDUCE_SCATTER_ALGORITHM, DEFAULT_COMPRESSED_ALGORITHM
+from pycoll.algorithms.compressed import COMPRESSED_DIRECT_ALGORITHM, DEFAULT_COMPRESSED_ALGORITHM
 from pycoll.call import compression_refusal
 from pycoll.compression import Codec, get_codec
 from pycoll.env import (
@@ -242,15 +242,16 @@ def auto_compressed_algorithm(comm: Communicator) -> str:
     return "hierarchical" if comm.spans_equal_hosts else DEFAULT_COMPRESSED_ALGORITHM
 
 
-def compressed_reduce_scatter_algorithm(algorithm: str) -> str:
-    """The plan of a reduce-scatter with a codec: direct, which quantizes each element once (a ring would
-    re-encode the partial sums at every hop); ``algorithm`` must be it or auto."""
-    if algorithm not in ("auto", COMPRESSED_REDUCE_SCATTER_ALGORITHM):
+def compressed_algorithm(collective: str, algorithm: str) -> str:
+    """The plan of a reduce-scatter or all-gather with a codec: direct, which quantizes each element once
+    (a ring would re-encode a reduce-scatter's partial sums at every hop); ``algorithm`` must be it or
+    auto."""
+    if algorithm not in ("auto", COMPRESSED_DIRECT_ALGORITHM):
         raise InvalidUsageError(
-            f"a compressed reduce_scatter runs algorithm={COMPRESSED_REDUCE_SCATTER_ALGORITHM!r} (each "
-            f"element quantized once; a ring would quantize it at every hop), got {algorithm!r}"
+            f"a compressed {collective} runs algorithm={COMPRESSED_DIRECT_ALGORITHM!r} (each element "
+            f"quantized once), got {algorithm!r}"
         )
-    return COMPRESSED_REDUCE_SCATTER_ALGORITHM
+    return COMPRESSED_DIRECT_ALGORITHM
 
 
 def compression(

@@ -22,7 +22,7 @@ COMPRESSIBLE_DTYPES = ("float32", "float16", "bfloat16")
 #: The operators a codec compresses: a sum of decoded messages is a sum, not a min or a product.
 COMPRESSIBLE_OPS = ("sum", "avg")
 #: The collectives a codec compresses (their plans: pycoll/algorithms/compressed.py).
-COMPRESSIBLE_COLLECTIVES = ("allreduce", "reduce_scatter")
+COMPRESSIBLE_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
 
 def compression_refusal(collective: str, dtype: str, op: str) -> str | None:
@@ -47,7 +47,7 @@ class Call:
     algorithm (``auto`` already decided), or ``nccl``; ``codec`` / ``residual``: compression and its
     error-feedback state; ``timeout``: seconds, None for the communicator's; ``result``: what the call
     returns (or its Work holds); ``report``: False for the library's own collectives, which the skew
-    report leaves out.
+    report leaves out; ``exact_own``: a compressed all-gather keeps this rank's own chunk exact.
     """
 
     __slots__ = (
@@ -65,6 +65,7 @@ class Call:
         "async_op",
         "result",
         "report",
+        "exact_own",
     )
 
     def __init__(
@@ -84,6 +85,7 @@ class Call:
         async_op: bool = False,
         result: Any = None,
         report: bool = True,
+        exact_own: bool = False,
     ) -> None:
         self.collective = collective
         self.algorithm = algorithm
@@ -99,6 +101,7 @@ class Call:
         self.async_op = async_op
         self.result = result
         self.report = report
+        self.exact_own = exact_own
 
     @property
     def on_gpu(self) -> bool:

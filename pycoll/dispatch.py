@@ -138,7 +138,8 @@ class _HostExecutor:
         codec = call.codec
         args = _C.Call(
             plan=self.plans.plan(
-                call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, codec
+                call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, codec,
+                exact=call.exact_own,
             ),
             dtype=call.inp.code,
             op=call.op,
@@ -192,6 +193,7 @@ class CpuFragment(_HostExecutor):
             call.report,
             None if codec is None else (id(codec), codec.seed),
             0 if residual is None else residual.ptr,
+            call.exact_own,
         )
         entry = self._args.get(key)
         if entry is None or entry[0] is not codec:
@@ -235,7 +237,8 @@ class CpuGrouped(_HostExecutor):
 
     def args(self, call: Call) -> Any:
         program = self.plans.program(
-            call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec
+            call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec,
+            exact=call.exact_own,
         )
         return self.make_args(call, program)
 

@@ -400,7 +400,6 @@ def device_call(call: Call, stream: int) -> Any:
         d.codec_block = getattr(codec, "block", 1)
         d.codec_rounding = ROUNDING_CODES[codec.rounding]
         d.block_elems, d.block_bytes = codec.block_elems, codec.block_bytes
-        d.encoded_bytes = codec.encoded_bytes(call.count)
         d.seed = codec.seed
         d.residual = 0 if call.residual is None else call.residual.ptr
     return d
@@ -452,8 +451,8 @@ class _GpuExecutor:
         """The compiled plan and its grouped program, cut at GPU-sized messages."""
         args = (call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec)
         return (
-            self.plans.plan(*args, segment_bytes=GPU_SEGMENT_BYTES),
-            self.plans.program(*args, segment_bytes=GPU_SEGMENT_BYTES),
+            self.plans.plan(*args, segment_bytes=GPU_SEGMENT_BYTES, exact=call.exact_own),
+            self.plans.program(*args, segment_bytes=GPU_SEGMENT_BYTES, exact=call.exact_own),
         )
 
     def enqueue(self, side: GpuSide, call: Call, stream: int) -> None:

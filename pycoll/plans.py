@@ -15,7 +15,11 @@ from typing import Any, NamedTuple, Sequence
 
 from pycoll import _C, auto
 from pycoll.algorithms import build_plan
-from pycoll.algorithms.compressed import build_compressed_plan, build_compressed_reduce_scatter
+from pycoll.algorithms.compressed import (
+    build_compressed_all_gather,
+    build_compressed_plan,
+    build_compressed_reduce_scatter,
+)
 from pycoll.algorithms.grouped import lower_to_groups
 from pycoll.algorithms.plan import Plan
 from pycoll.errors import InvalidUsageError
@@ -30,7 +34,7 @@ CACHE_SIZE = 512
 class PlanKey(NamedTuple):
     """What a compiled plan (``kind="plan"``) or grouped program (``kind="program"``) depends on.
     ``layout``: a codec's (block elements, block bytes), None uncompressed; ``segment_bytes``: the largest
-    message."""
+    message; ``exact``: a compressed all-gather that keeps each rank's own chunk exact (``exact_own``)."""
 
     kind: str
     collective: str
@@ -40,6 +44,7 @@ class PlanKey(NamedTuple):
     root: int
     layout: tuple[int, int] | None
     segment_bytes: int
+    exact: bool
 
 
 _new_key = tuple.__new__
@@ -67,6 +72,7 @@ class PlanCache:
         root: int = 0,
         codec: Any = None,
         segment_bytes: int | None = None,
+        exact: bool = False,
     ) -> PlanKey:
         layout = None if codec is None else (codec.block_elems, codec.block_bytes)
         if layout is not None:
@@ -74,7 +80,10 @@ class PlanCache:
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of a compressed call's lookup)
         return _new_key(
             PlanKey,
-            (kind, collective, algorithm, count, itemsize, root, layout, segment_bytes or self.segment_bytes),
+            (
+                kind, collective, algorithm, count, itemsize, root, layout,
+                segment_bytes or self.segment_bytes, exact,
+            ),  # fmt: skip
         )
 
     def plan(
@@ -86,10 +95,11 @@ class PlanCache:
         root: int = 0,
         codec: Any = None,
         segment_bytes: int | None = None,
+        exact: bool = False,
     ) -> Any:
         """The compiled plan (``_C.NativePlan``). With a codec, a plan on float32 cut at its blocks
         (pycoll/algorithms/compressed.py)."""
-        key = self.key("plan", collective, algorithm, count, itemsize, root, codec, segment_bytes)
+        key = self.key("plan", collective, algorithm, count, itemsize, root, codec, segment_bytes, exact)
         found = self._cache.get(key)  # _get, inline: every compressed call looks its plan up
         if found is not None:
             self._cache.move_to_end(key)
@@ -119,14 +129,15 @@ class PlanCache:
         root: int = 0,
         codec: Any = None,
         segment_bytes: int | None = None,
+        exact: bool = False,
     ) -> Any:
         """This rank's grouped program (``_C.GroupedProgram``) for the plan ``plan`` returns: every rank's
         plan is built and lowered, which every rank does alike."""
-        key = self.key("program", collective, algorithm, count, itemsize, root, codec, segment_bytes)
+        key = self.key("program", collective, algorithm, count, itemsize, root, codec, segment_bytes, exact)
         found = self._get(key)
         if found is not None:
             return found
-        plan = self.plan(collective, algorithm, count, itemsize, root, codec, segment_bytes)
+        plan = self.plan(collective, algorithm, count, itemsize, root, codec, segment_bytes, exact)
         plans = [self.python_plan(r, key) for r in range(self.world_size)]
         if codec is None:
             size = key.itemsize
@@ -154,6 +165,10 @@ class PlanCache:
             if key.collective == "reduce_scatter":
                 return build_compressed_reduce_scatter(
                     rank, self.world_size, key.elements, key.layout[0], segment_blocks
+                )
+            if key.collective == "all_gather":
+                return build_compressed_all_gather(
+                    rank, self.world_size, key.elements, key.layout[0], segment_blocks, key.exact
                 )
             return build_compressed_plan(
                 key.algorithm, rank, self.world_size, key.elements, key.layout[0], segment_blocks, local_size

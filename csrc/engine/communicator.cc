@@ -104,7 +104,11 @@ void Communicator::execute(const NativePlan& plan, const RunArgs& args, const cp
   g.desc = args.desc;
   g.seq = executor_->claim_seq();
   staging_.resize(program->staging_bytes);
-  encoded_.resize(codec ? codec->encoded_bytes(plan.output_bytes / 4) : 0);
+  if (codec) {
+    g.encoded_layout = encoded_layout(plan, codec->block_elems(), codec->block_bytes(),
+                                      [&](uint64_t n) { return codec->encoded_bytes(n); });
+  }
+  encoded_.resize(g.encoded_layout.size(plan.output_bytes / 4));
   g.staging = staging_.data();
   g.encoded = encoded_.data();
   if (codec) {

@@ -37,7 +37,7 @@ void Executor::check_codec_plan(const NativePlan& plan, const RunArgs& a) {
   if (a.dtype != DType::kFloat32 || !op_compressible(a.op))
     throw Error(ErrorKind::kInternal, "compressed plans run on float32 sums and averages only");
   if (!plan.codec_compatible)
-    throw Error(ErrorKind::kInternal, "a compressed plan cannot COPY and sends final values from kEncoded, not OUTPUT");
+    throw Error(ErrorKind::kInternal, "a compressed plan sends final values from kEncoded, not OUTPUT");
   if (t_.fragment_bytes() < a.codec->block_bytes())
     throw Error(ErrorKind::kInvalidUsage, "codec " + a.codec->name() + " encodes a block into " +
                                               std::to_string(a.codec->block_bytes()) +
@@ -72,7 +72,7 @@ class Executor::PlanRunner {
   bool coded(const PlanOp& op) const { return codec_ && !op.uncompressed; }
   size_t frag_bytes(const PlanOp& op) const { return coded(op) ? coded_frag_bytes_ : t_.fragment_bytes(); }
   uint8_t* buffer(int32_t id) const { return id == kInput ? in_ : out_; }
-  uint64_t encoded_offset(uint64_t elem) const { return elem / codec_->block_elems() * block_bytes_; }
+  uint64_t encoded_offset(uint64_t elem) const { return encoded_.offset(elem); }
   static uint32_t fragments_left(uint64_t bytes, uint64_t frag) {
     return static_cast<uint32_t>(std::max<uint64_t>(1, (bytes + frag - 1) / frag));
   }
@@ -101,6 +101,7 @@ class Executor::PlanRunner {
   bool pump_recv(size_t i);
   void plain_recv(const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room, bool stream);
   void codec_recv(const PlanOp& op, uint64_t op_pos, const uint8_t* frag, uint64_t n, void* room);
+  void codec_copy(const PlanOp& op);
 
   Executor& x_;
   Transport& t_;
@@ -116,6 +117,7 @@ class Executor::PlanRunner {
   const cpu::Codec* const codec_;
   const size_t block_bytes_;
   const size_t coded_frag_bytes_;
+  const EncodedLayout encoded_;
   const uint32_t rounding_key_;
   const bool stream_outputs_;
   const bool fused_;  // chains run as one pass (engine/plan_fusion.h)
@@ -146,6 +148,9 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
       codec_(a.codec),
       block_bytes_(codec_ ? codec_->block_bytes() : 1),
       coded_frag_bytes_(codec_ ? t_.fragment_bytes() / block_bytes_ * block_bytes_ : 0),
+      encoded_(codec_ ? encoded_layout(plan, codec_->block_elems(), block_bytes_,
+                                       [&](uint64_t n) { return codec_->encoded_bytes(n); })
+                      : EncodedLayout{}),
       rounding_key_(codec_ ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0),
       stream_outputs_(!codec_ && plan.output_bytes >= x.policy_.stream_min_bytes),
       fused_(!codec_ && x.policy_.fuse),
@@ -163,7 +168,7 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
   for (size_t i = 0; i < n_ops; ++i)
     msg_bytes_[i] = coded(plan.ops[i]) ? codec_->encoded_bytes(plan.ops[i].bytes / 4) : plan.ops[i].bytes;
   if (codec_) {
-    x.encoded_.resize(codec_->encoded_bytes(plan.output_bytes / 4));
+    x.encoded_.resize(encoded_.size(plan.output_bytes / 4));
     x.scratch_.resize(coded_frag_bytes_ / block_bytes_ * codec_->block_elems() + codec_->block_elems());
   }
   pos_.assign(n_ops, 0);
@@ -314,6 +319,11 @@ void Executor::PlanRunner::reduce_chain(const Chain& c, uint64_t pos, uint64_t n
 bool Executor::PlanRunner::pump(size_t i) {
   const PlanOp& op = plan_.ops[i];
   if (op.kind == OpKind::kSend) return pump_send(i);
+  if (op.kind == OpKind::kCopy && coded(op)) {
+    codec_copy(op);
+    done_[i] = 1;
+    return true;
+  }
   if (op.kind == OpKind::kCopy) {
     uint8_t* dst = buffer(op.dst_buf) + op.dst_off;
     const uint8_t* src = buffer(op.src_buf) + op.src_off;
@@ -491,6 +501,23 @@ void Executor::PlanRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const u
     default:
       throw Error(ErrorKind::kInternal, "op kind " + std::to_string(int(op.kind)) + " does not receive");
   }
+}
+
+// A compressed COPY (an all-gather's own chunk): encoded once into kEncoded, from where its SENDs
+// forward the bytes, and the decoding of that encoding kept in dst, as every other rank decodes it (or,
+// exact, the source itself).
+void Executor::PlanRunner::codec_copy(const PlanOp& op) {
+  const float* const src = reinterpret_cast<const float*>(buffer(op.src_buf) + op.src_off);
+  float* const dst = reinterpret_cast<float*>(buffer(op.dst_buf) + op.dst_off);
+  cpu::EncodeArgs e;
+  e.src = src;
+  e.out = x_.encoded_.data() + encoded_offset(op.dst_off / 4);
+  e.decoded = op.exact ? nullptr : dst;
+  e.n = op.bytes / 4;
+  e.index = op.dst_off / 4;
+  e.key = rounding_key_;
+  codec_->encode(e);
+  if (op.exact && op.bytes && static_cast<const void*>(dst) != src) std::memmove(dst, src, op.bytes);
 }
 
 void Executor::run_plan(const NativePlan& plan, const RunArgs& a) {

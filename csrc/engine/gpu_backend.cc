@@ -160,7 +160,11 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   const uint64_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
   const bool in_place = c.input == c.output;
   const uint64_t staging = align_up(program.staging_bytes);
-  const uint64_t encoded = compressed ? align_up(c.encoded_bytes) : 0;
+  const EncodedLayout layout =
+      compressed ? encoded_layout(plan, c.block_elems, c.block_bytes,
+                                  [&](uint64_t n) { return codec::encoded_bytes(c.codec.kind, c.codec.block, n); })
+                 : EncodedLayout{};
+  const uint64_t encoded = compressed ? align_up(layout.size(n_out)) : 0;
   const uint64_t wide = widen ? align_up((in_place ? n_in : n_in + n_out) * 4) : 0;
   uint8_t* ws = workspace_.acquire(staging + encoded + wide, stream);
   // Also when enqueuing fails part-way: what was enqueued uses the workspace, the next call must wait for it.
@@ -205,6 +209,7 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
     g.compressed = true;
     g.block_elems = c.block_elems;
     g.block_bytes = c.block_bytes;
+    g.encoded_layout = layout;
     g.residual = reinterpret_cast<float*>(c.residual);
     g.rounding_key = codec::rounding_key(c.seed, static_cast<uint32_t>(rank), g.seq);
   }

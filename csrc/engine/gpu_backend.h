@@ -113,10 +113,9 @@ class GpuCommunicator {
     DType dtype;  // of the caller's buffers
     RedOp op;
     Descriptor desc;
-    // Compressed all-reduce: the codec (kind kNone for none), its layout and error-feedback state.
+    // A compressed collective: the codec (kind kNone for none), its layout and error-feedback state.
     CodecSpec codec;
     uint32_t block_elems = 1, block_bytes = 1;
-    uint64_t encoded_bytes = 0;  // of the whole (float32) buffer
     uintptr_t residual = 0;
     uint64_t seed = 0;
     uintptr_t stream = 0;

@@ -23,7 +23,7 @@ struct Places {
   }
   uint8_t* stage(int64_t off) const { return a.staging + off; }
   // The kEncoded bytes of the region starting at byte offset `off` of OUTPUT (float32 elements).
-  uint8_t* encoded_at(uint64_t off) const { return a.encoded + off / 4 / a.block_elems * a.block_bytes; }
+  uint8_t* encoded_at(uint64_t off) const { return a.encoded + a.encoded_layout.offset(off / 4); }
 
   void* send_source(size_t i) const {
     const PlanOp& op = plan.ops[i];
@@ -79,7 +79,7 @@ void finish_compressed(const Places& p, const PlanOp& op, size_t i, GroupBackend
   const float* const src = reinterpret_cast<const float*>(p.buffer(op.src_buf) + op.src_off);
   float* const residual = a.residual ? a.residual + elem : nullptr;
   float* const consumed = a.residual && op.src_buf == kInput ? a.residual + op.src_off / 4 : nullptr;
-  const uint8_t* const msg = p.stage(p.prog.recv_stage[i]);
+  const uint8_t* const msg = op.kind == OpKind::kCopy ? nullptr : p.stage(p.prog.recv_stage[i]);
   codec::DecodeArgs d;
   d.in = msg;
   d.n = m;
@@ -114,6 +114,14 @@ void finish_compressed(const Places& p, const PlanOp& op, size_t i, GroupBackend
       be.encode(e);
       break;
     }
+    case OpKind::kCopy:  // an all-gather's own chunk: encoded once (its SENDs forward the bytes), decoded
+      e.src = src;
+      e.residual = nullptr;  // (an all-gather has no error feedback)
+      e.out = p.encoded_at(op.dst_off);
+      e.decoded = op.exact ? nullptr : dst;
+      be.encode(e);
+      if (op.exact && op.bytes && static_cast<const void*>(dst) != src) be.copy(dst, src, op.bytes);
+      break;
     default:
       bad_program("a compressed plan has an op that neither receives nor sends");
   }

@@ -71,14 +71,15 @@ struct GroupedArgs {
   Descriptor desc;
   uint64_t seq;
   // Memory of the backend: staging (program.staging_bytes) and, with a codec, the kEncoded buffer of
-  // the plan (encoded_bytes of its output); both reused across calls by the caller.
+  // the plan (encoded_layout.size of its output); both reused across calls by the caller.
   uint8_t* staging;
   uint8_t* encoded;
-  // Compressed plans: the codec's layout (block elements and bytes, encoded size of n elements), the
-  // float32 error-feedback residual (may be null) and the stochastic-rounding key.
+  // Compressed plans: the codec's layout (block elements and bytes), kEncoded's layout, the float32
+  // error-feedback residual (may be null) and the stochastic-rounding key.
   bool compressed = false;
   uint32_t block_elems = 1;
   uint32_t block_bytes = 1;
+  EncodedLayout encoded_layout;
   float* residual = nullptr;
   uint32_t rounding_key = 0;
 };

@@ -35,7 +35,7 @@ inline bool op_reads_src(OpKind k) {
 }
 
 // kEncoded: with a codec, the encoded final values of the regions this rank finalized or forwarded, at the
-// same element offsets as OUTPUT (see "Compressed plans" in pycoll/algorithms/plan.py).
+// same element offsets as OUTPUT (see "Compressed plans" in pycoll/algorithms/plan.py; EncodedLayout).
 enum BufferId : int32_t { kInput = 0, kOutput = 1, kEncoded = 2 };
 
 struct PlanOp {
@@ -48,8 +48,9 @@ struct PlanOp {
   // With a codec: this op's message is the float32 elements, not their encoding, and it does what it does
   // without a codec (the hierarchical all-reduce's intra-host stages; "Compressed plans" in plan.py).
   bool uncompressed;
-  // With a codec: a finalizing RECV_REDUCE whose value stays here (a reduce-scatter's owner): kept in
-  // float32, not encoded ("Compressed plans" in plan.py).
+  // With a codec: a finalizing RECV_REDUCE whose value stays here (a reduce-scatter's owner), kept in
+  // float32 and not encoded; a COPY (an all-gather's own chunk) that keeps its source exact rather than the
+  // decoding of its encoding ("Compressed plans" in plan.py).
   bool exact;
   uint64_t bytes;
   uint64_t src_off;  // bytes
@@ -81,7 +82,7 @@ struct NativePlan {
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
   // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), and whether the
-  // plan can run with a codec at all (no COPY, no SEND of OUTPUT but uncompressed ones).
+  // plan can run with a codec at all (no SEND of OUTPUT but uncompressed ones).
   bool uses_encoded = false;
   bool codec_compatible = true;
   // Compiled for a codec (its dependencies count every region an op touches as written).
@@ -89,5 +90,36 @@ struct NativePlan {
   int world = 0;
   int rank = 0;
 };
+
+// Where kEncoded keeps the encoding of OUTPUT's element `elem`: OUTPUT is cut in chunks of `chunk`
+// elements, each encoded in codec blocks from its start into `chunk_bytes` (the last block may be short).
+// The chunk is an all-reduce's whole buffer, and one rank's share for a reduce-scatter or an all-gather,
+// whose blocks start at their chunk: the smaller of INPUT and OUTPUT (encoded_chunk).
+struct EncodedLayout {
+  uint64_t chunk = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t block_elems = 1;
+  uint64_t block_bytes = 1;
+
+  // Byte offset of `elem` (the first element of a block of its chunk, or the end of a chunk).
+  uint64_t offset(uint64_t elem) const {
+    return chunk == 0 ? 0 : elem / chunk * chunk_bytes + elem % chunk / block_elems * block_bytes;
+  }
+  // Bytes of kEncoded for an OUTPUT of `elems` elements (a whole number of chunks).
+  uint64_t size(uint64_t elems) const { return chunk == 0 ? 0 : elems / chunk * chunk_bytes; }
+};
+
+// The chunk of a compressed plan's EncodedLayout, in float32 elements.
+inline uint64_t encoded_chunk(const NativePlan& plan) {
+  return (plan.input_bytes < plan.output_bytes ? plan.input_bytes : plan.output_bytes) / 4;
+}
+
+// The EncodedLayout of `plan` for a codec's layout: `encoded_bytes(n)` is what n elements encode into.
+template <class EncodedBytes>
+EncodedLayout encoded_layout(const NativePlan& plan, uint64_t block_elems, uint64_t block_bytes,
+                             const EncodedBytes& encoded_bytes) {
+  const uint64_t chunk = encoded_chunk(plan);
+  return EncodedLayout{chunk, encoded_bytes(chunk), block_elems, block_bytes};
+}
 
 }  // namespace pycoll

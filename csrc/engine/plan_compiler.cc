@@ -67,7 +67,8 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
       throw Error(ErrorKind::kInternal, "plan op " + std::to_string(i) + " is invalid: " + why);
     };
     if (t(i, kCount) < 0) bad("negative count");
-    if (op.exact && !(op.kind == OpKind::kRecvReduce && op.finalize)) bad("only a finalizing RECV_REDUCE is exact");
+    if (op.exact && !((op.kind == OpKind::kRecvReduce && op.finalize) || op.kind == OpKind::kCopy))
+      bad("only a finalizing RECV_REDUCE or a COPY is exact");
     if (op_sends(op.kind) && (op.send_peer < 0 || op.send_peer >= world || op.send_peer == rank))
       bad("send peer out of range");
     if (op_receives(op.kind) && (op.recv_peer < 0 || op.recv_peer >= world || op.recv_peer == rank))
@@ -79,8 +80,7 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     if (op_receives_into_dst(op.kind) && op.dst_off + op.bytes > limit(op.dst_buf))
       bad("writes past the end of its buffer");
     plan->uses_encoded |= op.src_buf == kEncoded;
-    plan->codec_compatible &=
-        op.kind != OpKind::kCopy && !(op.kind == OpKind::kSend && op.src_buf == kOutput && !op.uncompressed);
+    plan->codec_compatible &= !(op.kind == OpKind::kSend && op.src_buf == kOutput && !op.uncompressed);
     plan->ops.push_back(op);
   }
   for (int64_t s = 0; s < starts.size; ++s) {

@@ -108,7 +108,6 @@ void bind_gpu(py::module_& m) {
           [](Call& c, int v) { c.codec.rounding = static_cast<codec::Rounding>(v); })
       .def_readwrite("block_elems", &Call::block_elems)
       .def_readwrite("block_bytes", &Call::block_bytes)
-      .def_readwrite("encoded_bytes", &Call::encoded_bytes)
       .def_readwrite("residual", &Call::residual)
       .def_readwrite("seed", &Call::seed)
       .def_readwrite("stream", &Call::stream);

@@ -1,4 +1,5 @@
-"""Compressed plans: any all-reduce plan cut at codec block boundaries, and the direct reduce-scatter.
+"""Compressed plans: any all-reduce plan cut at codec block boundaries; the direct reduce-scatter and
+all-gather.
 
 A codec encodes blocks of ``block`` elements, and a fragment of a message must hold whole blocks to be
 decoded on its own. So the plan is built over *blocks* (an all-reduce of ceil(count / block) "elements")
@@ -26,6 +27,11 @@ its input once, on the way to the chunk's owner, and the owner sums the decoded 
 share in float32 and keeps the sum (its finalizing receive-reduces are ``exact``). So each element is
 quantized once whatever the world size, where a ring would re-encode the partial sum world - 1 times.
 The chunk's blocks start at the chunk: segments are whole blocks of it, only its last block may be short.
+
+All-gather (``build_compressed_all_gather``) is direct too: every rank encodes its chunk once (a COPY
+of it into OUTPUT, keeping the encoding in ENCODED) and sends those bytes to every peer (SENDs from
+ENCODED), which decode them. The owner keeps the decoding of its own encoding, so every rank's output
+is bitwise identical; with ``exact_own`` the COPY is ``exact`` and the owner keeps its input instead.
 """
 
 from __future__ import annotations
@@ -33,13 +39,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pycoll.algorithms import build_plan
-from pycoll.algorithms.direct import direct_reduce_scatter
-from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan
+from pycoll.algorithms._layout import copy, recv, send
+from pycoll.algorithms.direct import _peers, direct_reduce_scatter
+from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan, make_plan, segments
 
 #: The default algorithm with a codec: each element is quantized at most twice.
 DEFAULT_COMPRESSED_ALGORITHM = "direct"
-#: The one algorithm of a compressed reduce-scatter (each element quantized once).
-COMPRESSED_REDUCE_SCATTER_ALGORITHM = "direct"
+#: The one algorithm of a compressed reduce-scatter or all-gather (each element quantized once).
+COMPRESSED_DIRECT_ALGORITHM = "direct"
 
 
 def _scale(op: Op, block: int, count: int) -> Op:
@@ -66,15 +73,19 @@ def build_compressed_plan(algorithm: str, rank: int, world: int, count: int, blo
     return Plan(rank, world, "allreduce", algorithm, count, count, steps)
 
 
+def _check_chunked(what: str, world: int, block: int, segment_blocks: int) -> None:
+    if block < 1 or segment_blocks < 1:
+        raise ValueError(f"need block >= 1 and segment_blocks >= 1, got {block} and {segment_blocks}")
+    if world == 1:
+        raise ValueError(f"a compressed {what} needs world >= 2 (one rank copies its input exactly)")
+
+
 def build_compressed_reduce_scatter(
     rank: int, world: int, count: int, block: int, segment_blocks: int
 ) -> Plan:
     """The direct reduce-scatter plan of ``rank`` for chunks of ``count`` elements encoded in blocks of
     ``block`` elements (of each chunk), with messages of at most ``segment_blocks`` blocks."""
-    if block < 1 or segment_blocks < 1:
-        raise ValueError(f"need block >= 1 and segment_blocks >= 1, got {block} and {segment_blocks}")
-    if world == 1:
-        raise ValueError("a compressed reduce-scatter needs world >= 2 (one rank copies its input exactly)")
+    _check_chunked("reduce-scatter", world, block, segment_blocks)
     blocks = -(-count // block)  # of each chunk
     plan = direct_reduce_scatter(rank, world, blocks, segment_blocks)  # in blocks, then scaled back
 
@@ -90,3 +101,20 @@ def build_compressed_reduce_scatter(
 
     steps = tuple(tuple(scale(op) for op in step) for step in plan.steps)
     return replace(plan, input_count=world * count, output_count=count, steps=steps)
+
+
+def build_compressed_all_gather(
+    rank: int, world: int, count: int, block: int, segment_blocks: int, exact_own: bool = False
+) -> Plan:
+    """The direct all-gather plan of ``rank`` for chunks of ``count`` elements encoded in blocks of
+    ``block`` elements (of each chunk), with messages of at most ``segment_blocks`` blocks."""
+    _check_chunked("all-gather", world, block, segment_blocks)
+    to_peers, from_peers = _peers(rank, world)
+    own = rank * count
+    encode_own = replace(copy(count, (Buf.INPUT, 0), (Buf.OUTPUT, own)), exact=exact_own)
+    steps: list[list[Op]] = [[encode_own]]
+    for off, n in segments(0, count, segment_blocks * block):
+        step = [send(n, p, (Buf.ENCODED, own + off)) for p in to_peers]
+        step += [recv(n, q, (Buf.OUTPUT, q * count + off)) for q in from_peers]
+        steps.append(step)
+    return make_plan(rank, world, "all_gather", "direct", count, world * count, steps)

@@ -63,7 +63,11 @@ Compressed plans (``algorithms/compressed.py``; all-reduce and reduce-scatter on
     decoding of the same bytes: every rank's result is bitwise identical. ENCODED is a staging buffer
     addressed like OUTPUT. Error feedback (``residual``, float32 like INPUT): ops that read INPUT add the
     residual and reset it to 0; every encode of a region stores what it lost there (for avg, times the
-    world size, as the loss happened after the division). COPY does not occur.
+    world size, as the loss happened after the division). A compressed all-gather's COPY of its own chunk:
+        COPY                 e = encode(src); keep e in ENCODED; dst = decode(e) (``exact``: dst = src)
+    and its SENDs forward e from ENCODED; an all-reduce has no COPY. ENCODED is addressed like OUTPUT,
+    in chunks of the smaller of INPUT's and OUTPUT's counts (an all-reduce's whole buffer, one rank's
+    chunk otherwise), each cut in blocks from its start (csrc/engine/plan.h EncodedLayout).
 
     A reduce-scatter's final values stay with their owner, so its finalizing RECV_REDUCEs are marked
     ``exact``: dst = (src (+ residual) + decode(msg)) / divisor, kept in float32 and never encoded. Each
@@ -141,7 +145,7 @@ class Op:
     #: "Compressed plans"); in other plans it changes nothing.
     uncompressed: bool = False
     #: In a compressed plan, a finalizing RECV_REDUCE whose value stays on this rank (a reduce-scatter's
-    #: owner): kept in float32, not encoded (see "Compressed plans").
+    #: owner): kept in float32, not encoded; a COPY that keeps its source (see "Compressed plans").
     exact: bool = False
 
     def __post_init__(self) -> None:
@@ -151,8 +155,11 @@ class Op:
             raise ValueError(f"{self.kind.name} needs send_peer iff it sends, got {self.send_peer}")
         if (self.kind in RECEIVES) != (self.recv_peer >= 0):
             raise ValueError(f"{self.kind.name} needs recv_peer iff it receives, got {self.recv_peer}")
-        if self.exact and not (self.kind == OpKind.RECV_REDUCE and self.finalize):
-            raise ValueError(f"only a finalizing RECV_REDUCE keeps its value exact, not {self.kind.name}")
+        exact_ok = (self.kind == OpKind.RECV_REDUCE and self.finalize) or self.kind == OpKind.COPY
+        if self.exact and not exact_ok:
+            raise ValueError(
+                f"only a finalizing RECV_REDUCE or a COPY keeps its value exact, not {self.kind.name}"
+            )
 
 
 # Columns of the int64 table handed to the native executor (csrc/engine/plan.h reads the same order).

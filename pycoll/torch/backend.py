@@ -395,11 +395,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"got {output.numel()} of {output.dtype}"
             )
         comm = self.comm
+        codec = self.options.all_gather_codec_for(input)
 
         def run() -> None:
             source = input.clone() if _overlap(input, output) else input.contiguous()
             work, back = contiguous_for_write(output)
-            pycoll.all_gather(as_bytes(source), as_bytes(work), comm=comm, timeout=timeout)
+            if codec is None:
+                pycoll.all_gather(as_bytes(source), as_bytes(work), comm=comm, timeout=timeout)
+            else:  # each rank's chunk encoded once; every rank decodes the same bytes (Options)
+                pycoll.all_gather(source.reshape(-1), work.reshape(-1), compression=codec, comm=comm,
+                                  timeout=timeout)  # fmt: skip
             if back is not None:
                 back()
 

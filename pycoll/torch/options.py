@@ -5,8 +5,11 @@
 
 The codec rule (one place: ``Options.codec_for``): an all-reduce or reduce-scatter compresses when the
 group has a codec, the tensor has at least ``min_numel`` elements, its dtype is one the codecs take
-(float32, float16, bfloat16) and the op is SUM, AVG or PREMUL_SUM. Everything else (integers, uint8, bool,
-float64, MIN/MAX/PRODUCT/bitwise, gathers, broadcasts, all-to-all, send/recv) stays lossless.
+(float32, float16, bfloat16) and the op is SUM, AVG or PREMUL_SUM. An all-gather into a tensor
+(``all_gather_into_tensor``, FSDP2's weights) compresses only when opted in with
+``all_gather_compression``, under the same size and dtype rule: each rank's chunk is encoded once and
+every rank decodes the same bytes (ZeRO++'s qwZ). Everything else (integers, uint8, bool, float64,
+MIN/MAX/PRODUCT/bitwise, other gathers, broadcasts, all-to-all, send/recv) stays lossless.
 
 Error feedback (``error_feedback=True``, the default with a codec): what compression lost on a tensor
 is kept in a float32 residual and added to that tensor's next all-reduce. A residual belongs to the
@@ -42,7 +45,8 @@ class Options:
     "int4", or a ``pycoll.compression`` codec (a user codec included). ``error_feedback``: keep a residual
     per tensor storage (module docstring). ``min_numel``: tensors with fewer elements go uncompressed
     (the DDP hook's rule). ``algorithm``: the all-reduce algorithm ("auto": the cost model's choice).
-    ``max_residuals``: how many residuals error feedback keeps at most.
+    ``max_residuals``: how many residuals error feedback keeps at most. ``all_gather_compression``: the
+    codec of ``all_gather_into_tensor`` (None, the default: lossless), e.g. FSDP2's weight all-gather.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class Options:
         min_numel: int = 1024,
         algorithm: str = "auto",
         max_residuals: int = 256,
+        all_gather_compression: Union[str, Codec, None] = None,
     ) -> None:
         if not isinstance(min_numel, int) or min_numel < 0:
             raise InvalidUsageError(f"min_numel must be an integer >= 0, got {min_numel!r}")
@@ -65,6 +70,7 @@ class Options:
         self.min_numel = min_numel
         self.algorithm = algorithm
         self.max_residuals = max_residuals
+        self.all_gather_codec: Codec | None = get_codec(all_gather_compression)
 
     def codec_for(self, tensor: torch.Tensor, op: str, numel: int | None = None) -> Codec | None:
         """The codec this reduction of ``tensor`` (or of ``numel`` elements of its dtype) goes through,
@@ -74,11 +80,20 @@ class Options:
             return None
         return self.codec if tensor.dtype in _CODEC_DTYPES else None
 
+    def all_gather_codec_for(self, tensor: torch.Tensor) -> Codec | None:
+        """The codec an ``all_gather_into_tensor`` of ``tensor`` (a rank's input) goes through, or None."""
+        codec = self.all_gather_codec
+        if codec is None or tensor.numel() < self.min_numel:
+            return None
+        return codec if tensor.dtype in _CODEC_DTYPES else None
+
     def __repr__(self) -> str:
         codec = "none" if self.codec is None else repr(self.codec)
+        ag = self.all_gather_codec
+        gather = "" if ag is None else f", all_gather_compression={ag!r}"
         return (
             f"pycoll.torch.Options(compression={codec}, error_feedback={self.error_feedback}, "
-            f"min_numel={self.min_numel}, algorithm={self.algorithm!r})"
+            f"min_numel={self.min_numel}, algorithm={self.algorithm!r}{gather})"
         )
 
 

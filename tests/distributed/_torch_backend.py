@@ -346,6 +346,32 @@ def compressed(_comm: Any, rank: int, world: int, n: int, steps: int) -> dict[st
     }
 
 
+def compressed_all_gather(_comm: Any, rank: int, world: int) -> dict[str, Any]:
+    """A group with all_gather_compression="int8": all_gather_into_tensor of float32 weights compressed
+    (in place too, as FSDP2 calls it), float64 and small tensors lossless."""
+    import torch
+    import torch.distributed as dist
+
+    import pycoll.torch as pt
+
+    group = dist.new_group(backend="pycoll", pg_options=pt.Options(all_gather_compression="int8"))
+    w = torch.randn(4096, generator=torch.Generator().manual_seed(3 + rank))
+    out = torch.empty(world * 4096)
+    dist.all_gather_into_tensor(out, w, group=group)
+    inplace = torch.zeros(world * 4096)
+    inplace[rank * 4096 : (rank + 1) * 4096] = w
+    dist.all_gather_into_tensor(inplace, inplace[rank * 4096 : (rank + 1) * 4096], group=group)
+    d = w.double()
+    dout = torch.empty(world * 4096, dtype=torch.float64)
+    dist.all_gather_into_tensor(dout, d, group=group)
+    small = torch.full((100,), rank + 0.1)
+    sout = torch.empty(world * 100)
+    dist.all_gather_into_tensor(sout, small, group=group)
+    return {"w": w.tolist(), "out": out.numpy().tobytes(), "inplace": inplace.numpy().tobytes(),
+            "double_exact": bool(torch.equal(dout[rank * 4096 : (rank + 1) * 4096], d)),
+            "small": sout.tolist()}
+
+
 def refused_options(_comm: Any, rank: int, world: int) -> list[str]:
     import torch.distributed as dist
 

@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the backend needs it)")
@@ -21,6 +22,7 @@ import _torch_backend as tb  # noqa: E402
 from harness import RankPool, run_ranks  # noqa: E402
 
 from pycoll.compression import get_codec  # noqa: E402
+from pycoll.compression import reference as codec_ref  # noqa: E402
 from pycoll.compression.bounds import error_bound, reduce_scatter_bound  # noqa: E402
 
 WORLDS = (2, 4)
@@ -248,6 +250,21 @@ def test_int8_group_compresses_float_sums_only(pools):
         rs_err = (torch.tensor(got["rs"]).double() - rs_exact[chunk]).abs()
         assert bool((rs_err <= rs_bound).all()), f"rank {rank}: reduce-scatter outside bound"
         assert float(rs_err.max()) > 0, "the int8 reduce-scatter was not compressed"
+
+
+def test_all_gather_compression_is_opted_in_and_identical_everywhere(pools):
+    world = 2
+    results = pools(world).run(tb.compressed_all_gather, timeout=90)
+    out = np.frombuffer(results[0]["out"], dtype=np.float32)
+    for rank, got in enumerate(results):
+        assert got["out"] == results[0]["out"], f"rank {rank}: outputs must be bitwise identical"
+        assert got["inplace"] == results[0]["out"], f"rank {rank}: the in-place all-gather differs"
+        assert got["double_exact"], "float64 is never compressed"
+        assert got["small"] == [pytest.approx(r + 0.1) for r in range(world) for _ in range(100)]
+        x = np.asarray(got["w"], dtype=np.float32)
+        _, decoded = codec_ref.encode(get_codec("int8"), x)  # each chunk: its owner's encoding, decoded
+        assert np.array_equal(out[rank * 4096 : (rank + 1) * 4096], decoded), f"chunk {rank}"
+        assert not np.array_equal(decoded, x), "int8 was not applied"
 
 
 def test_options_and_device_maps_that_cannot_work_are_refused(pools):

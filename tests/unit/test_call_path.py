@@ -42,10 +42,11 @@ def test_the_compression_rule_is_dtype_and_op(dtype: str, op: str) -> None:
     assert _C.testing.compressible(DTYPE_CODES[dtype], OP_CODES[op]) == allowed  # the engine's rule agrees
 
 
-@pytest.mark.parametrize("collective", ["all_gather", "broadcast", "barrier"])
-def test_allreduce_and_reduce_scatter_compress(collective: str) -> None:
-    assert "allreduce, reduce_scatter only" in compression_refusal(collective, "float32", "sum")
+@pytest.mark.parametrize("collective", ["broadcast", "barrier"])
+def test_what_compresses_is_allreduce_reduce_scatter_and_all_gather(collective: str) -> None:
+    assert "allreduce, reduce_scatter, all_gather only" in compression_refusal(collective, "float32", "sum")
     assert compression_refusal("reduce_scatter", "float32", "avg") is None
+    assert compression_refusal("all_gather", "bfloat16", "sum") is None
 
 
 def test_the_codecs_dtypes_are_the_rules() -> None:

@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 
 from pycoll.algorithms._layout import recv, recv_reduce, send
-from pycoll.algorithms.compressed import build_compressed_plan, build_compressed_reduce_scatter
+from pycoll.algorithms.compressed import (
+    build_compressed_all_gather,
+    build_compressed_plan,
+    build_compressed_reduce_scatter,
+)
 from pycoll.algorithms.plan import READS_SRC, SENDS, WRITES_DST, Buf, Op, OpKind, Plan, make_plan
 from pycoll.algorithms.simulate import PlanError, SimResult, check_plan, simulate
 from pycoll.algorithms.tree import double_binary_tree
@@ -423,10 +427,45 @@ def test_compressed_reduce_scatter_plan(world: int, codec: Codec) -> None:
                 assert abs(sent / formula - 1) < 0.02
 
 
-def test_compressed_reduce_scatter_needs_two_ranks_and_exact_means_final() -> None:
+def test_compressed_reduce_scatter_and_all_gather_need_two_ranks_and_exact_is_final() -> None:
     with pytest.raises(ValueError, match="world >= 2"):
         build_compressed_reduce_scatter(0, 1, 10, 8, 1)
-    with pytest.raises(ValueError, match="only a finalizing RECV_REDUCE keeps its value exact"):
-        Op(OpKind.RECV_REDUCE, 4, recv_peer=1, exact=True)
-    with pytest.raises(ValueError, match="only a finalizing RECV_REDUCE keeps its value exact"):
-        Op(OpKind.SEND, 4, send_peer=1, finalize=False, exact=True)
+    for op in (dict(kind=OpKind.RECV_REDUCE, recv_peer=1), dict(kind=OpKind.SEND, send_peer=1)):
+        with pytest.raises(ValueError, match="only a finalizing RECV_REDUCE or a COPY keeps its value exact"):
+            Op(count=4, exact=True, **op)
+    with pytest.raises(ValueError, match="world >= 2"):
+        build_compressed_all_gather(0, 1, 10, 8, 1)
+
+
+# ---- all-gather: direct, each chunk encoded once by its owner ----------------------------------------------
+@pytest.mark.parametrize("world", (2, 3, 5))
+@pytest.mark.parametrize("exact_own", (False, True))
+def test_compressed_all_gather_plan(world: int, exact_own: bool) -> None:
+    """One COPY encodes the own chunk (exact when asked); every SEND forwards those bytes from ENCODED and
+    its peer receives them into that chunk of OUTPUT; each rank sends its chunk to every other rank once:
+    (world - 1) * encoded_bytes(m) bytes."""
+    codec = Int8(block=64)
+    block = codec.block_elems
+    for m, segment_blocks in [(0, 1), (1, 1), (block + 1, 1), (5 * block + 3, 2), (1 << 18, 64)]:
+        plans = [
+            build_compressed_all_gather(r, world, m, block, segment_blocks, exact_own) for r in range(world)
+        ]
+        for rank, plan in enumerate(plans):
+            assert (plan.input_count, plan.output_count) == (m, world * m)
+            ops = list(plan.ops())
+            copies = [o for o in ops if o.kind == OpKind.COPY]
+            assert plan.steps[0] == tuple(copies)  # before any SEND of its bytes
+            assert [(o.count, o.src, o.dst, o.exact) for o in copies] == [
+                (m, (Buf.INPUT, 0), (Buf.OUTPUT, rank * m), exact_own)
+            ]
+            sends = [o for o in ops if o.kind == OpKind.SEND]
+            assert all(o.src[0] == Buf.ENCODED and (o.src[1] - rank * m) % block == 0 for o in sends)
+            sent = sum(ref.encoded_bytes(codec, o.count) for o in sends)
+            assert sent == (world - 1) * ref.encoded_bytes(codec, m)
+            for q in range(world):
+                if q == rank:
+                    continue
+                got = [(o.dst, o.count) for o in ops if o.kind == OpKind.RECV and o.recv_peer == q]
+                sent = [((Buf.OUTPUT, o.src[1]), o.count) for o in plans[q].ops()
+                        if o.kind == OpKind.SEND and o.send_peer == rank]
+                assert got == sent  # in order, into chunk q where q encoded it

@@ -118,7 +118,6 @@ def test_plans_run_as_grouped_programs_with_the_codec_layout(fakes, comm):
         x.__cuda_array_interface__["data"][0],
     ) * 2 + (0, 1, 5000)
     assert (call.codec_kind, call.codec_block, call.block_elems, call.block_bytes) == (3, 64, 64, 68)
-    assert call.encoded_bytes == pycoll.compression.Int8(block=64).encoded_bytes(5000)
     assert call.residual == 0x7F0000200000 and call.algorithm == _C.ALGORITHM_NAMES.index("ring")
     assert fakes.calls == []  # NCCL's own collectives were not used
 
