@@ -18,6 +18,7 @@ never imports this module (nor torch).
 
 from __future__ import annotations
 
+from pycoll.torch import fsdp
 from pycoll.torch.backend import BACKEND_NAME, ProcessGroupPycoll, register
 from pycoll.torch.hooks import HookState, allreduce_hook, init_from_process_group, skew_report
 from pycoll.torch.launch import init_process_group
@@ -33,6 +34,7 @@ __all__ = [
     "PowerSGDState",
     "ProcessGroupPycoll",
     "allreduce_hook",
+    "fsdp",
     "init_from_process_group",
     "init_process_group",
     "powersgd_hook",

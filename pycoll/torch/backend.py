@@ -444,14 +444,23 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    def reduce_scatter_owned(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any, owner: object
+    ) -> TorchWork:
+        """``reduce_scatter_tensor`` whose error-feedback residual belongs to ``owner`` (kept as long as it
+        lives) instead of to the input's storage: pycoll.torch.fsdp's per-module reduce-scatter."""
+        run = self._reduce_scatter(output, [input], opts, key=owner)
+        return self._start("reduce_scatter_tensor", run, [output], opts)
+
     def _reduce_scatter(
-        self, output: torch.Tensor, inputs: Tensors, opts: Any, key: torch.Tensor
+        self, output: torch.Tensor, inputs: Tensors, opts: Any, key: object
     ) -> Callable[[], None]:
         """``output`` becomes this rank's chunk of the reduction of every rank's ``inputs`` (concatenated).
 
         pycoll's reduce-scatter, compressed where the codec rule says (each element quantized once, by
-        its sender; error feedback's residual, shaped like the input, keyed by ``key``'s storage). Bitwise
-        ops: an all-reduce of a copy of the input, of which this rank keeps its chunk, lossless."""
+        its sender; error feedback's residual, shaped like the input, kept for ``key``: a tensor's storage,
+        or an owner object). Bitwise ops: an all-reduce of a copy of the input, of which this rank keeps its
+        chunk, lossless."""
         op, factor = reduce_op(opts.reduceOp)
         timeout = _seconds(opts)
         m, total = output.numel(), sum(t.numel() for t in inputs)
@@ -469,7 +478,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
         def run_whole() -> None:
             copy = flat().clone()
-            self._reduction(copy, op, factor, timeout, key=key)()
+            self._reduction(copy, op, factor, timeout)()  # bitwise: never compressed
             output.copy_(copy[chunk].view(output.shape))
 
         def run() -> None:
@@ -482,7 +491,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             codec = options.codec_for(low_in.work, low_out.op)
             residual = None
             if codec is not None and options.error_feedback:
-                residual = self._residuals.for_tensor(key, low_in.work.numel())
+                n = low_in.work.numel()
+                residual = (
+                    self._residuals.for_tensor(key, n) if isinstance(key, torch.Tensor)
+                    else self._residuals.for_owner(key, n, low_in.work.device)
+                )  # fmt: skip
             pycoll.reduce_scatter(
                 low_in.work, low_out.work, low_out.op, compression=codec, residual=residual, comm=comm,
                 timeout=timeout,

@@ -19,15 +19,17 @@ its residual is dropped, so a new tensor the allocator places at the same addres
 instead of inheriting a stranger's residual. DDP all-reduces each gradient bucket in the same bucket
 buffer every step, so each bucket keeps its residual (DDP rebuilds its buckets once, after the first
 step: the new buffers start from zeros). FSDP2 reduce-scatters from a buffer it allocates and frees
-each step, so there error feedback starts from zeros every step: it has no effect, while compression
-still applies. At most ``max_residuals`` residuals are kept, the least recently used dropped first.
+each step, so there residuals keyed by storage start from zeros every step; pycoll.torch.fsdp gives
+each FSDP module a reduce-scatter whose residual belongs to the module instead (``for_owner``). At
+most ``max_residuals`` residuals are kept, the least recently used dropped first.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -98,14 +100,15 @@ class Options:
 
 
 class Residuals:
-    """Error-feedback residuals of one process group, one per live tensor storage, least recently used
-    dropped first (see the module docstring)."""
+    """Error-feedback residuals of one process group, one per live tensor storage (``for_tensor``) or per
+    live owner object (``for_owner``: an FSDP2 module's reduce-scatter, pycoll.torch.fsdp), least
+    recently used dropped first (see the module docstring)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        # key -> (a weak reference to the storage it belongs to, the residual)
-        self._by_key: OrderedDict[tuple[Any, ...], tuple[StorageWeakRef, torch.Tensor]] = OrderedDict()
+        # key -> (whether what it belongs to is gone, the residual)
+        self._by_key: OrderedDict[tuple[Any, ...], tuple[Callable[[], bool], torch.Tensor]] = OrderedDict()
 
     @staticmethod
     def key(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -115,16 +118,27 @@ class Residuals:
     def for_tensor(self, tensor: torch.Tensor, numel: int) -> torch.Tensor:
         """The residual of ``tensor``'s storage: ``numel`` float32 elements (one per element reduced);
         zeros when new."""
-        key = (*self.key(tensor), numel)
+        return self._get((*self.key(tensor), numel), StorageWeakRef(tensor.untyped_storage()).expired,
+                         numel, tensor.device)
+
+    def for_owner(self, owner: object, numel: int, device: torch.device) -> torch.Tensor:
+        """The residual that ``owner`` keeps (as long as it lives) for reductions of ``numel`` elements,
+        whatever buffer they come from; zeros when new."""
+        ref = weakref.ref(owner)
+        return self._get(("owner", id(owner), device, numel), lambda: ref() is None, numel, device)
+
+    def _get(
+        self, key: tuple[Any, ...], expired: Callable[[], bool], numel: int, device: Any
+    ) -> torch.Tensor:
         with self._lock:
             entry = self._by_key.get(key)
-            if entry is not None and not entry[0].expired():
+            if entry is not None and not entry[0]():
                 self._by_key.move_to_end(key)
                 return entry[1]
-            for stale in [k for k, (ref, _) in self._by_key.items() if ref.expired()]:
-                del self._by_key[stale]  # their storages are gone (one of them may be at this address)
-            residual = torch.zeros(numel, dtype=torch.float32, device=tensor.device)
-            self._by_key[key] = (StorageWeakRef(tensor.untyped_storage()), residual)
+            for stale in [k for k, (gone, _) in self._by_key.items() if gone()]:
+                del self._by_key[stale]  # what they belonged to is gone (one may have had this key)
+            residual = torch.zeros(numel, dtype=torch.float32, device=device)
+            self._by_key[key] = (expired, residual)
             while len(self._by_key) > self._limit:
                 self._by_key.popitem(last=False)
             return residual

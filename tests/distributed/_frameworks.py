@@ -157,7 +157,8 @@ def ddp_parity(comm: Any, rank: int, world: int, backend: str, steps: int = 5) -
 
 
 # ---- b. FSDP2 ----------------------------------------------------------------------------------------
-def _fsdp_run(group: Any, rank: int, steps: int) -> tuple[list[float], bytes]:
+def _sharded_mlp(group: Any) -> Any:
+    """_mlp with fully_shard (FSDP2) applied to each Linear layer and to the whole, over ``group``."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -168,6 +169,13 @@ def _fsdp_run(group: Any, rank: int, steps: int) -> tuple[list[float], bytes]:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def _fsdp_run(group: Any, rank: int, steps: int) -> tuple[list[float], bytes]:
+    import torch
+
+    model = _sharded_mlp(group)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = _train(model, opt, rank, steps)
     full = [p.full_tensor() for p in model.parameters()]  # an all-gather over the group
@@ -183,6 +191,37 @@ def fsdp2_parity(comm: Any, rank: int, world: int, backend: str, steps: int = 5)
     ref_losses, ref = _fsdp_run(gloo, rank, steps)
     losses, got = _fsdp_run(dist.group.WORLD, rank, steps)
     return {"gloo_losses": ref_losses, "losses": losses, "gloo": ref, "backend": got}
+
+
+def fsdp2_error_feedback(comm: Any, rank: int, world: int, steps: int = 6) -> dict[str, Any]:
+    """FSDP2 on a compressed ("int4") pycoll group, with pycoll.torch.fsdp.keep_error_feedback: each FSDP
+    module's reduce-scatter keeps one residual across steps (FSDP2's own buffers are new every step)."""
+    import torch
+    import torch.distributed as dist
+
+    import pycoll.torch as pt
+
+    init_default_group(comm, rank, world, "gloo")
+    group = _new_group("pycoll", {"compression": "int4", "min_numel": 0})
+    pg = group  # a "pycoll" group is its own backend
+    model = _sharded_mlp(group)
+    modules = pt.fsdp.keep_error_feedback(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    owned, norms, ids, losses = [], [], [], []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+        entries = [(k, r) for k, (_, r) in pg._residuals._by_key.items() if k[0] == "owner"]
+        owned.append(len(entries))
+        norms.append([float(r.norm()) for _, r in entries])
+        ids.append(sorted(id(r) for _, r in entries))
+    gloo_losses, _ = _fsdp_run(dist.group.WORLD, rank, steps)  # the same model and batches, lossless
+    return {"modules": modules, "owned": owned, "norms": norms, "same": all(i == ids[0] for i in ids),
+            "losses": losses, "gloo_losses": gloo_losses}
 
 
 # ---- c. PyTorch Lightning ----------------------------------------------------------------------------
