@@ -216,6 +216,30 @@ def _timeout(timeout: float | None) -> float | None:
     return timeout
 
 
+def _is_auto(compression: Any) -> bool:
+    return isinstance(compression, str) and compression.lower() == "auto"
+
+
+def _chunked_compression(
+    comm: Communicator,
+    collective: str,
+    compression: Any,
+    residual: Any,
+    error_budget: float | None,
+    largest: Buffer,
+    op: str,
+    gpu: bool,
+) -> tuple[Codec | None, Buffer | None]:
+    """The codec and residual of a reduce-scatter or all-gather (``largest``: its larger buffer, which
+    ``compression="auto"`` prices; a residual is shaped like the reduce-scatter's input, ``largest``)."""
+    if _is_auto(compression):
+        codec, _ = auto.compression(comm, residual, largest, op, error_budget, gpu, collective)
+        return codec, None
+    if error_budget is not None:
+        raise InvalidUsageError('error_budget= applies to compression="auto" only')
+    return _compression(comm, compression, residual, largest, op, collective)
+
+
 def _compression(
     comm: Communicator, compression: Any, residual: Any, buf: Buffer, op: str, collective: str = "allreduce"
 ) -> tuple[Codec | None, Buffer | None]:
@@ -358,7 +382,7 @@ def _allreduce(
     code = op_code(op, buf)
     auto_algorithm: str | None = None
     gpu = _on_gpu(buf)
-    if isinstance(compression, str) and compression.lower() == "auto":
+    if _is_auto(compression):
         codec, auto_algorithm = auto.compression(c, residual, buf, op, error_budget, gpu)
         if algorithm == "nccl":  # NCCL's own all-reduce was asked for, which does not compress
             codec = None
@@ -458,6 +482,7 @@ def reduce_scatter(
     algorithm: str = "auto",
     compression: Union[str, Codec, None] = None,
     residual: Any = None,
+    error_budget: float | None = None,
     comm: Communicator | None = None,
     timeout: float | None = None,
     async_op: bool = False,
@@ -470,7 +495,8 @@ def reduce_scatter(
     encodes each chunk of ``x`` once, on the way to its owner, and the owner adds the decoded chunks and
     its own exact one in float32 (the direct algorithm; docs/compression.md#reduce-scatter): every
     element is quantized once, whatever the world size. ``residual``: error feedback as for
-    ``allreduce``, shaped like ``x``.
+    ``allreduce``, shaped like ``x``. ``compression="auto"`` / ``error_budget``: the codec (or none) the
+    cost model predicts fastest within the budget, as for ``allreduce`` (docs/tuning.md).
     """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)
@@ -483,7 +509,7 @@ def reduce_scatter(
             f"elements, got {xb.count}"
         )
     gpu = _on_gpu(xb, ob)
-    codec, res = _compression(c, compression, residual, xb, op, "reduce_scatter")
+    codec, res = _chunked_compression(c, "reduce_scatter", compression, residual, error_budget, xb, op, gpu)
     if codec is not None:
         if res is not None and res.overlaps(ob):
             raise InvalidUsageError("residual must not overlap out")
@@ -516,6 +542,7 @@ def all_gather(
     algorithm: str = "auto",
     compression: Union[str, Codec, None] = None,
     exact_own: bool = False,
+    error_budget: float | None = None,
     comm: Communicator | None = None,
     timeout: float | None = None,
     async_op: bool = False,
@@ -525,7 +552,8 @@ def all_gather(
     ``compression``: as for ``allreduce`` (float32, float16 or bfloat16 data). Each rank's ``x`` is
     encoded once and every rank decodes the same bytes, its owner too, so every rank's ``out`` is
     bitwise identical (docs/compression.md#all-gather); ``exact_own=True``: each rank keeps its own
-    chunk exact instead (the ranks' outputs then differ in that chunk).
+    chunk exact instead (the ranks' outputs then differ in that chunk). ``compression="auto"`` /
+    ``error_budget``: as for ``reduce_scatter``.
     """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)
@@ -537,9 +565,10 @@ def all_gather(
             f"elements, got {ob.count}"
         )
     gpu = _on_gpu(xb, ob)
-    codec, _ = _compression(c, compression, None, xb, "sum", "all_gather")
-    if codec is None and exact_own:
+    codec, _ = _chunked_compression(c, "all_gather", compression, None, error_budget, ob, "sum", gpu)
+    if codec is None and exact_own and not _is_auto(compression):
         raise InvalidUsageError("exact_own= applies to a compressed all_gather (give compression=)")
+    exact_own = exact_own and codec is not None
     if codec is not None:
         algo = auto.compressed_algorithm("all_gather", algorithm)
         if c.world_size == 1:  # nothing is sent: the chunk is copied exactly, as without a codec

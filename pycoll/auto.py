@@ -255,13 +255,21 @@ def compressed_algorithm(collective: str, algorithm: str) -> str:
 
 
 def compression(
-    comm: Communicator, residual: Any, buf: Buffer, op: str, error_budget: float | None, gpu: bool = False
+    comm: Communicator,
+    residual: Any,
+    buf: Buffer,
+    op: str,
+    error_budget: float | None,
+    gpu: bool = False,
+    collective: str = "allreduce",
 ) -> tuple[Codec | None, str | None]:
     """``compression="auto"``: the codec (or None) and algorithm the cost model predicts fastest within
     the error budget; no codec for data or operators compression does not support. The algorithm is None
     where ``algorithm="auto"`` decides (no codec, on host memory). On GPU memory the model is the GPU
     machine's (``gpu_topology``) and NCCL's own all-reduce ("nccl") a candidate: pycoll's all-reduce,
-    compressed or not, runs only where it is predicted faster than NCCL."""
+    compressed or not, runs only where it is predicted faster than NCCL. A reduce-scatter or all-gather
+    (``collective``; ``buf`` its largest buffer) compares its uncompressed plans with the direct one of
+    each codec; on GPU memory, where the GPU model prices all-reduces only, it is not compressed."""
     budget = DEFAULT_ERROR_BUDGET if error_budget is None else error_budget
     if not budget >= 0:
         raise InvalidUsageError(f"error_budget must be a relative error >= 0, got {error_budget}")
@@ -269,9 +277,16 @@ def compression(
         raise InvalidUsageError(
             'residual= (error feedback) needs a fixed codec; compression="auto" may pick none for some sizes'
         )
-    if compression_refusal("allreduce", buf.dtype, op) is not None:
+    if compression_refusal(collective, buf.dtype, op) is not None:
         return None, None
-    f32_bytes = buf.count * 4  # compressed all-reduces run on float32
+    f32_bytes = buf.count * 4  # compressed collectives run on float32
+    if collective != "allreduce":
+        if gpu:
+            return None, None
+        name, chosen = comm.model.choose_compression(
+            comm.world_size, f32_bytes, error_budget=budget, collective=collective
+        )
+        return (None, None) if name == "none" else (get_codec(name), chosen)
     if gpu:
         machine = comm.gpu_model
         if machine is None:

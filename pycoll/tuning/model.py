@@ -46,8 +46,14 @@ from typing import NamedTuple
 import numpy as np
 
 from pycoll.algorithms import ALGORITHMS, build_plan
-from pycoll.algorithms.compressed import build_compressed_plan
+from pycoll.algorithms.compressed import (
+    COMPRESSED_DIRECT_ALGORITHM,
+    build_compressed_all_gather,
+    build_compressed_plan,
+    build_compressed_reduce_scatter,
+)
 from pycoll.algorithms.plan import Buf, Op, OpKind, Plan
+from pycoll.call import COMPRESSIBLE_COLLECTIVES
 from pycoll.tuning.links import GPU_SEGMENT_BYTES, DeviceProfile, LinkProfile, device_for, link_named
 
 __all__ = [
@@ -130,7 +136,7 @@ def op_costs(plan: Plan, itemsize: int, bytes_per_element: float | None = None) 
     else:
         # Ops marked uncompressed (the hierarchical all-reduce's intra-host stages) move float32 as an
         # uncompressed plan does; the others move the codec's bytes.
-        plain = table[:, 9].astype(bool)
+        plain, exact = table[:, 9].astype(bool), table[:, 10].astype(bool)
         coded = ~plain
         wire = count * bytes_per_element
         raw = count * 4.0  # compressed plans run on float32
@@ -142,12 +148,16 @@ def op_costs(plan: Plan, itemsize: int, bytes_per_element: float | None = None) 
         for k, f in _TRAFFIC.items():
             factor[kind == k] = f
         cost[:, TRAFFIC] = np.where(plain, factor * raw, np.where(forward, 2 * wire, 0.0))
-        final_reduce = (kind == OpKind.RECV_REDUCE) & finalize & coded
+        # A reduce-scatter's final values (exact) stay float32; an all-gather's COPY encodes its own chunk
+        # once and keeps the decoding (or, exact, copies the chunk as it is).
+        final_reduce = (kind == OpKind.RECV_REDUCE) & finalize & coded & ~exact
+        own_chunk = (kind == OpKind.COPY) & coded
+        cost[:, TRAFFIC] += np.where(own_chunk & exact, factor * raw, 0.0)
         reduce_sends = np.isin(kind, (OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND)) & coded
-        encodes = send_input | reduce_sends | final_reduce
+        encodes = send_input | reduce_sends | final_reduce | own_chunk
         cost[:, ENCODED] = np.where(encodes, raw, 0.0)
         # Every receive decodes; an op that encodes a final value also decodes its own encoding.
-        redecode = ((kind == OpKind.RECV_REDUCE_COPY_SEND) & coded) | final_reduce
+        redecode = ((kind == OpKind.RECV_REDUCE_COPY_SEND) & coded) | final_reduce | (own_chunk & ~exact)
         cost[:, DECODED] = np.where(receives & coded, raw, 0.0) + np.where(redecode, raw, 0.0)
     return cost
 
@@ -231,7 +241,11 @@ def plan_costs(
     else:
         segment_blocks = max(1, int(segment_bytes // (bytes_per_element * block)))
         plans = tuple(
-            build_compressed_plan(algorithm, r, world, count, block, segment_blocks, local_size)
+            build_compressed_reduce_scatter(r, world, count, block, segment_blocks)
+            if collective == "reduce_scatter"
+            else build_compressed_all_gather(r, world, count, block, segment_blocks)
+            if collective == "all_gather"
+            else build_compressed_plan(algorithm, r, world, count, block, segment_blocks, local_size)
             for r in range(world)
         )
         ops = tuple(op_costs(p, 4, bytes_per_element) for p in plans)
@@ -488,6 +502,17 @@ def expected_error(codec: str, algorithm: str, world: int) -> float:
     return e1 + (e1 - e0) * (x - x1) / (x1 - x0)
 
 
+def one_quantization_error(codec: str, collective: str, world: int) -> float:
+    """The relative L2 error of a compressed reduce-scatter or all-gather, from the two-shot all-reduce's
+    measured error: two-shot's grows like e1 * sqrt((2n - 1) / n) (docs/compression.md), so one
+    quantization's e1 is its 2-rank error / sqrt(3 / 2). An all-gather quantizes each chunk once (e1); a
+    reduce-scatter adds n - 1 quantized shares to the owner's exact one (e1 * sqrt((n - 1) / n))."""
+    if world <= 1:
+        return 0.0
+    e1 = expected_error(codec, "direct", 2) / math.sqrt(1.5)
+    return e1 if collective == "all_gather" else e1 * math.sqrt((world - 1) / world)
+
+
 def _plan_count(collective: str, world: int, nbytes: int, itemsize: int) -> int:
     """``build_plan``'s count for a call whose largest buffer is ``nbytes`` (as the API counts it: the
     all-reduce or broadcast buffer, the reduce-scatter input, the all-gather output)."""
@@ -561,8 +586,11 @@ class Model:
         if cached is not None:
             return cached
         if name != "none":
-            if collective != "allreduce":
-                raise ValueError(f"compression applies to allreduce only, not {collective}")
+            if collective not in COMPRESSIBLE_COLLECTIVES:
+                names = ", ".join(COMPRESSIBLE_COLLECTIVES)
+                raise ValueError(f"compression applies to {names}, not {collective}")
+            if collective != "allreduce" and algorithm != COMPRESSED_DIRECT_ALGORITHM:
+                raise ValueError(f"a compressed {collective} runs {COMPRESSED_DIRECT_ALGORITHM}: {algorithm}")
             itemsize = 4
         count = _plan_count(collective, world, nbytes, itemsize)
         wire_itemsize = itemsize if bpe is None else bpe
@@ -584,16 +612,19 @@ class Model:
         else:
             base_s, steps = run(count)
         time_s = base_s * self.link.correction(correction_key(collective, algorithm, world, name), nbytes)
-        error = 0.0 if name == "none" else self.codec_error(name, algorithm, world)
+        error = 0.0 if name == "none" else self.codec_error(name, algorithm, world, collective)
         prediction = Prediction(collective, algorithm, name, world, nbytes, time_s, steps, error)
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[key] = prediction
         return prediction
 
-    def codec_error(self, codec: str, algorithm: str, world: int) -> float:
+    def codec_error(self, codec: str, algorithm: str, world: int, collective: str = "allreduce") -> float:
         """``expected_error`` of ``codec`` on this model's ranks. The hierarchical all-reduce compresses
-        its cross-host stage only, a ring among the hosts (world / local_size of them)."""
+        its cross-host stage only, a ring among the hosts (world / local_size of them). A reduce-scatter
+        or all-gather quantizes each element once (``one_quantization_error``)."""
+        if collective != "allreduce":
+            return one_quantization_error(codec, collective, world)
         if algorithm == "hierarchical":
             return expected_error(codec, "ring", max(1, world // max(self.local_size, 1)))
         return expected_error(codec, algorithm, world)
@@ -682,27 +713,38 @@ class Model:
         )
 
     def choose_compression(
-        self, world: int, nbytes: int, *, error_budget: float, codecs: Sequence[str] = AUTO_CODECS
+        self,
+        world: int,
+        nbytes: int,
+        *,
+        error_budget: float,
+        codecs: Sequence[str] = AUTO_CODECS,
+        collective: str = "allreduce",
     ) -> tuple[str, str]:
-        """(codec name or "none", algorithm) of the all-reduce of ``nbytes`` of float32 predicted fastest
-        among the uncompressed one and the ``codecs`` whose expected error fits ``error_budget``
-        (remembered, like ``choose_algorithm``)."""
-        key = ("compression", world, nbytes, error_budget, tuple(codecs))
+        """(codec name or "none", algorithm) of the ``collective`` (all-reduce, reduce-scatter or
+        all-gather) of ``nbytes`` of float32 (its largest buffer) predicted fastest among the uncompressed
+        one and the ``codecs`` whose expected error fits ``error_budget`` (remembered, like
+        ``choose_algorithm``)."""
+        key = ("compression", collective, world, nbytes, error_budget, tuple(codecs))
         choice = self._cache.get(key)
         if choice is None:
-            choice = self._cache[key] = self._choose_compression(world, nbytes, error_budget, codecs)
+            choice = self._choose_compression(collective, world, nbytes, error_budget, codecs)
+            self._cache[key] = choice
         return choice
 
     def _choose_compression(
-        self, world: int, nbytes: int, error_budget: float, codecs: Sequence[str]
+        self, collective: str, world: int, nbytes: int, error_budget: float, codecs: Sequence[str]
     ) -> tuple[str, str]:
-        best = ("none", self.choose_algorithm("allreduce", world, nbytes))
-        best_time = self.predict("allreduce", best[1], world, nbytes).time_s
+        best = ("none", self.choose_algorithm(collective, world, nbytes))
+        best_time = self.predict(collective, best[1], world, nbytes).time_s
         if world == 1:
             return best
+        algorithms = (
+            self.codec_algorithms(world) if collective == "allreduce" else (COMPRESSED_DIRECT_ALGORITHM,)
+        )
         for name in codecs:
-            for algorithm in self.codec_algorithms(world):
-                p = self.predict("allreduce", algorithm, world, nbytes, codec=name)
+            for algorithm in algorithms:
+                p = self.predict(collective, algorithm, world, nbytes, codec=name)
                 if p.error <= error_budget and p.time_s < best_time:
                     best, best_time = (name, algorithm), p.time_s
         return best

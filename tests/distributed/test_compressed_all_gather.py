@@ -127,6 +127,11 @@ def body_bad_input(comm, rank, world):
             errors.append(f"{pattern}: out was written")
     good = np.empty(world * 10, dtype=np.float32)
     pycoll.all_gather(x, good, compression="int8", timeout=30)  # the ranks are still in step
+    auto = np.empty(world * 10, dtype=np.float32)  # "auto": too small to compress on shared memory
+    pycoll.all_gather(x, auto, compression="auto", exact_own=True, timeout=30)
+    pycoll.all_gather(x, good, timeout=30)
+    if not np.array_equal(auto, good):
+        errors.append('compression="auto" compressed a 40-byte all-gather')
     return errors
 
 

@@ -207,6 +207,8 @@ def body_bad_input(comm, rank, world):
         (x, np.zeros(10, np.float32), "sum", {"residual": np.zeros(7, np.float32)},
          rf"residual must be float32 with as many elements as x \({world * 10}\)"),
         (x, np.zeros(9, np.float32), "sum", {}, r"x must hold world_size \* out.size"),
+        (x, np.zeros(10, np.float32), "sum", {"error_budget": 0.01},
+         r'error_budget= applies to compression="auto"'),
     ]
     for xi, out, op, kw, pattern in cases:
         keep = out.copy()
@@ -216,6 +218,12 @@ def body_bad_input(comm, rank, world):
             errors.append(f"{pattern}: out was written")
     good = np.empty(10, dtype=np.float32)
     pycoll.reduce_scatter(x, good, compression="int8", timeout=30)  # the ranks are still in step
+    # compression="auto": at 40 bytes on shared memory the cost model compresses nothing (exact)
+    auto, plain = np.empty(10, dtype=np.float32), np.empty(10, dtype=np.float32)
+    pycoll.reduce_scatter(x, auto, compression="auto", error_budget=0.05, timeout=30)
+    pycoll.reduce_scatter(x, plain, timeout=30)
+    if not np.array_equal(auto, plain):
+        errors.append('compression="auto" compressed a 40-byte reduce-scatter')
     return errors
 
 
