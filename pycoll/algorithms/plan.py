@@ -3,7 +3,9 @@
 An algorithm (ring, tree, direct, ...) is a pure function that returns, for one rank, a ``Plan``: an
 ordered list of *steps*, each a tuple of *ops*. The native executor (csrc/engine) and the pure-Python
 simulator (``simulate.py``) both run plans with exactly the semantics written here; nothing else
-about an algorithm is known to either of them.
+about an algorithm is known to either of them. (The simulator runs compressed all-reduce plans only:
+the compressed reduce-scatter and all-gather, chunked and with ``exact`` ops, run natively and are
+checked against the reference codecs on real ranks, tests/distributed/test_compressed_*.py.)
 
 Buffers
     ``INPUT`` (``input_count`` elements) and ``OUTPUT`` (``output_count`` elements). For an in-place

@@ -36,8 +36,9 @@ While running it raises ``DeadlockError`` (no rank can progress; the message say
 ``CountMismatchError`` (a message's count differs from the receiving op's) and, at the end,
 ``UnmatchedMessageError`` (messages sent that nobody received).
 
-Compressed plans (``codec=``; plan.py, "Compressed plans", and ``codec_recv`` / ``pump_send`` in
-csrc/engine/executor.cc): float32 inputs, op sum or avg, INPUT and OUTPUT aliased. Every message carries
+Compressed all-reduce plans (``codec=``; plan.py, "Compressed plans", and ``codec_recv`` / ``pump_send``
+in csrc/engine/executor.cc): float32 inputs, op sum or avg, INPUT and OUTPUT aliased (the compressed
+reduce-scatter and all-gather, whose blocks start at each chunk, are not simulated). Every message carries
 the codec's encoding of its op's elements (``pycoll.compression.reference``, the same bits as the native
 codecs) and its element count. Each rank has an ENCODED buffer addressed like OUTPUT (element offset o is
 byte offset ``o // block * block_bytes``): RECV_COPY_SEND keeps the bytes it forwards there, and a

@@ -118,18 +118,29 @@ class Residuals:
     def for_tensor(self, tensor: torch.Tensor, numel: int) -> torch.Tensor:
         """The residual of ``tensor``'s storage: ``numel`` float32 elements (one per element reduced);
         zeros when new."""
-        return self._get((*self.key(tensor), numel), StorageWeakRef(tensor.untyped_storage()).expired,
-                         numel, tensor.device)
+        return self._get(
+            (*self.key(tensor), numel), lambda: StorageWeakRef(tensor.untyped_storage()).expired, numel,
+            tensor.device,
+        )  # fmt: skip
 
     def for_owner(self, owner: object, numel: int, device: torch.device) -> torch.Tensor:
         """The residual that ``owner`` keeps (as long as it lives) for reductions of ``numel`` elements,
         whatever buffer they come from; zeros when new."""
-        ref = weakref.ref(owner)
-        return self._get(("owner", id(owner), device, numel), lambda: ref() is None, numel, device)
+        def expired() -> Callable[[], bool]:
+            ref = weakref.ref(owner)
+            return lambda: ref() is None
+
+        return self._get(("owner", id(owner), device, numel), expired, numel, device)
+
+    @property
+    def limit(self) -> int:
+        return self._limit
 
     def _get(
-        self, key: tuple[Any, ...], expired: Callable[[], bool], numel: int, device: Any
+        self, key: tuple[Any, ...], expired: Callable[[], Callable[[], bool]], numel: int, device: Any
     ) -> torch.Tensor:
+        """The residual under ``key``, or a new one of zeros whose entry ``expired()`` (made only then)
+        says when what it belongs to is gone."""
         with self._lock:
             entry = self._by_key.get(key)
             if entry is not None and not entry[0]():
@@ -138,7 +149,7 @@ class Residuals:
             for stale in [k for k, (gone, _) in self._by_key.items() if gone()]:
                 del self._by_key[stale]  # what they belonged to is gone (one may have had this key)
             residual = torch.zeros(numel, dtype=torch.float32, device=device)
-            self._by_key[key] = (expired, residual)
+            self._by_key[key] = (expired(), residual)
             while len(self._by_key) > self._limit:
                 self._by_key.popitem(last=False)
             return residual

@@ -199,6 +199,7 @@ def fsdp2_error_feedback(comm: Any, rank: int, world: int, steps: int = 6) -> di
     import torch
     import torch.distributed as dist
 
+    import pycoll
     import pycoll.torch as pt
 
     init_default_group(comm, rank, world, "gloo")
@@ -220,8 +221,13 @@ def fsdp2_error_feedback(comm: Any, rank: int, world: int, steps: int = 6) -> di
         norms.append([float(r.norm()) for _, r in entries])
         ids.append(sorted(id(r) for _, r in entries))
     gloo_losses, _ = _fsdp_run(dist.group.WORLD, rank, steps)  # the same model and batches, lossless
+    try:  # more modules than the group keeps residuals: refused, not silently evicted every step
+        pt.fsdp.ReduceScatter(modules=10_000)(torch.empty(4), torch.ones(4 * world), group, dist.ReduceOp.SUM)
+        too_many = "no error"
+    except pycoll.InvalidUsageError as e:
+        too_many = str(e)
     return {"modules": modules, "owned": owned, "norms": norms, "same": all(i == ids[0] for i in ids),
-            "losses": losses, "gloo_losses": gloo_losses}
+            "losses": losses, "gloo_losses": gloo_losses, "too_many": too_many}
 
 
 # ---- c. PyTorch Lightning ----------------------------------------------------------------------------

@@ -86,6 +86,7 @@ def test_fsdp2_error_feedback_is_kept_per_module() -> None:
         assert all(n > 0 for step in o["norms"] for n in step), f"rank {r}: an empty residual {o['norms']}"
         # int4 gradients with error feedback train as gloo's lossless ones do, to a few percent
         np.testing.assert_allclose(o["losses"], o["gloo_losses"], rtol=0.05, err_msg=f"rank {r}")
+        assert "10000 FSDP modules" in o["too_many"] and "max_residuals=256" in o["too_many"], o["too_many"]
 
 
 def test_lightning_ddp_strategy() -> None:
