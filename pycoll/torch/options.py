@@ -77,17 +77,19 @@ class Options:
     def codec_for(self, tensor: torch.Tensor, op: str, numel: int | None = None) -> Codec | None:
         """The codec this reduction of ``tensor`` (or of ``numel`` elements of its dtype) goes through,
         or None (lossless): the rule of the module docstring."""
-        n = tensor.numel() if numel is None else numel
-        if self.codec is None or op not in ("sum", "avg") or n < self.min_numel:
+        if op not in ("sum", "avg"):
             return None
-        return self.codec if tensor.dtype in _CODEC_DTYPES else None
+        return self._sized(self.codec, tensor, tensor.numel() if numel is None else numel)
 
     def all_gather_codec_for(self, tensor: torch.Tensor) -> Codec | None:
         """The codec an ``all_gather_into_tensor`` of ``tensor`` (a rank's input) goes through, or None."""
-        codec = self.all_gather_codec
-        if codec is None or tensor.numel() < self.min_numel:
+        return self._sized(self.all_gather_codec, tensor, tensor.numel())
+
+    def _sized(self, codec: Codec | None, tensor: torch.Tensor, numel: int) -> Codec | None:
+        """``codec`` where the size and dtype rule lets it compress ``numel`` elements of ``tensor``'s."""
+        if codec is None or numel < self.min_numel or tensor.dtype not in _CODEC_DTYPES:
             return None
-        return codec if tensor.dtype in _CODEC_DTYPES else None
+        return codec
 
     def __repr__(self) -> str:
         codec = "none" if self.codec is None else repr(self.codec)

@@ -253,3 +253,24 @@ def float_error_bound(dtype: str, op: str, world: int, abs_sum: np.ndarray) -> n
     if op == "avg":
         return 1.01 * world * u * abs_sum / world + world * tiny
     raise ValueError(op)
+
+
+def refusals(call: Callable[..., Any], cases: list[tuple[tuple, dict, str]]) -> list[str]:
+    """Each ``call(*args, **kwargs)`` of ``cases`` (args, kwargs, pattern) must raise InvalidUsageError
+    matching ``pattern`` and leave its output (``args[1]``, an array) untouched; what went otherwise."""
+    import re
+
+    import pycoll
+
+    failures = []
+    for args, kwargs, pattern in cases:
+        keep = np.array(args[1], copy=True)
+        try:
+            call(*args, **kwargs)
+            failures.append(f"{pattern}: nothing was raised")
+        except pycoll.InvalidUsageError as e:
+            if not re.search(pattern, str(e)):
+                failures.append(f"{pattern}: raised {e}")
+        if not np.array_equal(args[1], keep):
+            failures.append(f"{pattern}: out was written")
+    return failures
