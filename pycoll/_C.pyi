@@ -56,6 +56,7 @@ class NativePlan:
         rank: int,
         world: int,
         coded: bool = False,
+        distinct: bool = False,
     ) -> None: ...
     @property
     def num_ops(self) -> int: ...

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import operator
 import sys
 import threading
-from typing import Any, Literal, TypeVar, Union, overload
+from typing import Any, Literal, Sequence, TypeVar, Union, overload
 
 import numpy as np
 
@@ -586,6 +587,101 @@ def all_gather(
         async_op=async_op,
         result=out,
         exact_own=bool(exact_own),
+    )
+    return c.launch(call)
+
+
+def _parts(counts: Any, total: int, world: int, what: str, name: str) -> tuple[int, ...]:
+    """``counts`` (``name``: send_counts or recv_counts) as a tuple of ``world`` elements per rank summing
+    to ``total``, the length of ``what`` (x or out)."""
+    try:
+        parts = tuple(operator.index(c) for c in counts)
+    except TypeError:
+        raise InvalidUsageError(f"{name} must be a sequence of {world} integers, got {counts!r}") from None
+    if len(parts) != world or min(parts, default=0) < 0 or sum(parts) != total:
+        raise InvalidUsageError(
+            f"{name} must be {world} non-negative element counts summing to {what}.size ({total}), got "
+            f"{list(parts)}"
+        )
+    return parts
+
+
+def _all_to_all_parts(
+    c: Communicator, xb: Buffer, ob: Buffer, send_counts: Any, recv_counts: Any
+) -> tuple[int, tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """(elements per part, None) of an even all-to-all (no counts given), or (0, (send, receive counts))."""
+    world = c.world_size
+    if send_counts is None and recv_counts is None:
+        if xb.count != ob.count or xb.count % world:
+            raise InvalidUsageError(
+                f"an all_to_all without send_counts / recv_counts cuts x and out into {world} equal parts: "
+                f"both must hold the same multiple of {world} elements, got {xb.count} and {ob.count}"
+            )
+        return xb.count // world, None
+    if send_counts is None or recv_counts is None:
+        raise InvalidUsageError("give both send_counts and recv_counts (element counts per rank), or neither")
+    send = _parts(send_counts, xb.count, world, "x", "send_counts")
+    recv = _parts(recv_counts, ob.count, world, "out", "recv_counts")
+    if send[c.rank] != recv[c.rank]:
+        raise InvalidUsageError(
+            f"rank {c.rank} sends itself send_counts[{c.rank}] = {send[c.rank]} elements but receives "
+            f"recv_counts[{c.rank}] = {recv[c.rank]}: its own part must be the same size both ways"
+        )
+    return 0, (send, recv)
+
+
+def all_to_all(
+    x: Any,
+    out: T,
+    send_counts: Sequence[int] | None = None,
+    recv_counts: Sequence[int] | None = None,
+    *,
+    algorithm: str = "auto",
+    compression: Union[str, Codec, None] = None,
+    error_budget: float | None = None,
+    comm: Communicator | None = None,
+    timeout: float | None = None,
+    async_op: bool = False,
+) -> Union[T, Work]:
+    """Every rank sends part p of ``x`` to rank p and receives into part q of ``out`` what rank q sent it.
+
+    Without counts the parts are equal: ``x`` and ``out`` hold world_size parts of the same size. With
+    ``send_counts`` / ``recv_counts`` (elements per rank, in rank order; MoE dispatch) they may differ and
+    be empty; rank q's ``send_counts[r]`` must equal rank r's ``recv_counts[q]``, which every message
+    checks (CollectiveMismatchError on every rank otherwise). ``x`` is not modified.
+
+    ``compression``: as for ``all_gather`` (float32, float16 or bfloat16 data): each part is encoded once
+    by its sender, in codec blocks from the part's start, and decoded once by its receiver; a rank's own
+    part is copied exactly (docs/compression.md#all-to-all). ``compression="auto"`` / ``error_budget``: as
+    for ``all_gather``, priced as even parts. On GPU memory only even parts run (the plan's grouped
+    program needs every rank's part sizes).
+    """
+    c = get_comm(comm)
+    xb = as_buffer(x, "x", writable=False)
+    ob = as_buffer(out, "out", writable=True)
+    _check_same_dtype(xb, ob)
+    count, splits = _all_to_all_parts(c, xb, ob, send_counts, recv_counts)
+    gpu = _on_gpu(xb, ob)
+    if gpu and splits is not None:
+        raise InvalidUsageError(
+            "all_to_all on GPU memory runs even parts only (no send_counts / recv_counts): its grouped "
+            "program is lowered from every rank's plan, and uneven parts are known to their own ranks only"
+        )
+    codec, _ = _chunked_compression(c, "all_to_all", compression, None, error_budget, xb, "sum", gpu)
+    algo = auto.all_to_all_algorithm(algorithm)
+    if c.world_size == 1:  # nothing is sent: the one part is copied exactly
+        codec = None
+    call = Call(
+        "all_to_all",
+        algo,
+        xb,
+        ob,
+        count,
+        codec=codec,
+        timeout=_timeout(timeout),
+        async_op=async_op,
+        result=out,
+        splits=splits,
     )
     return c.launch(call)
 

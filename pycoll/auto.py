@@ -11,7 +11,8 @@
 |                                                          | ``default_model``            |              |
 | which algorithm runs ``algorithm="auto"``?               | ``algorithm``                | pycoll.api   |
 | ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,  |
-|                                                          |                              | pycoll.bench |
+|                                                          | ``compressed_algorithm``     | pycoll.bench |
+| ... of an all-to-all?                                    | ``all_to_all_algorithm``     | pycoll.api   |
 | which codec and algorithm run ``compression="auto"``?    | ``compression``              | pycoll.api   |
 | ... and on GPU memory: which machine is it?              | ``gpu_topology``,            | Communicator |
 |                                                          | ``gpu_topology_setting``     |              |
@@ -240,6 +241,14 @@ def auto_compressed_algorithm(comm: Communicator) -> str:
     of equal size (more than one rank each: the codec only on the links between hosts, each host's sum
     exact, every rank's link used), else direct (two-shot: each element quantized at most twice)."""
     return "hierarchical" if comm.spans_equal_hosts else DEFAULT_COMPRESSED_ALGORITHM
+
+
+def all_to_all_algorithm(algorithm: str) -> str:
+    """The plan of an all-to-all, compressed or not, on host or GPU memory: its one plan, direct (every
+    part one message); ``algorithm`` must be it or auto."""
+    if algorithm not in ("auto", *ALGORITHMS["all_to_all"]):
+        raise InvalidUsageError(f"algorithm for all_to_all must be auto or direct, got {algorithm!r}")
+    return ALGORITHMS["all_to_all"][0]
 
 
 def compressed_algorithm(collective: str, algorithm: str) -> str:

@@ -22,7 +22,7 @@ COMPRESSIBLE_DTYPES = ("float32", "float16", "bfloat16")
 #: The operators a codec compresses: a sum of decoded messages is a sum, not a min or a product.
 COMPRESSIBLE_OPS = ("sum", "avg")
 #: The collectives a codec compresses (their plans: pycoll/algorithms/compressed.py).
-COMPRESSIBLE_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+COMPRESSIBLE_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
 def compression_refusal(collective: str, dtype: str, op: str) -> str | None:
@@ -47,7 +47,9 @@ class Call:
     algorithm (``auto`` already decided), or ``nccl``; ``codec`` / ``residual``: compression and its
     error-feedback state; ``timeout``: seconds, None for the communicator's; ``result``: what the call
     returns (or its Work holds); ``report``: False for the library's own collectives, which the skew
-    report leaves out; ``exact_own``: a compressed all-gather keeps this rank's own chunk exact.
+    report leaves out; ``exact_own``: a compressed all-gather keeps this rank's own chunk exact;
+    ``splits``: an uneven all-to-all's (send counts, receive counts), this rank's (``count`` is then 0;
+    an even one has no splits and ``count`` elements per part).
     """
 
     __slots__ = (
@@ -66,6 +68,7 @@ class Call:
         "result",
         "report",
         "exact_own",
+        "splits",
     )
 
     def __init__(
@@ -86,6 +89,7 @@ class Call:
         result: Any = None,
         report: bool = True,
         exact_own: bool = False,
+        splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> None:
         self.collective = collective
         self.algorithm = algorithm
@@ -102,14 +106,27 @@ class Call:
         self.result = result
         self.report = report
         self.exact_own = exact_own
+        self.splits = splits
 
     @property
     def on_gpu(self) -> bool:
         return self.inp.on_gpu
 
+    @property
+    def agreed_count(self) -> int:
+        """The count every rank's descriptor carries (and must agree on): ``count``, but 0 for an all-to-all,
+        whose ranks send and receive parts of their own sizes (each part's size is checked as its message
+        arrives instead)."""
+        return 0 if self.collective == "all_to_all" else self.count
+
     def describe(self) -> str:
         """e.g. "allreduce(1000 x float32, sum, ring, Int8(block=64))", for Work and errors."""
-        parts = [f"{self.count} x {self.inp.dtype}"]
+        if self.splits is not None:
+            parts = [f"send {list(self.splits[0])}, receive {list(self.splits[1])} x {self.inp.dtype}"]
+        elif self.collective == "all_to_all":
+            parts = [f"{self.count} x {self.inp.dtype} per rank"]
+        else:
+            parts = [f"{self.count} x {self.inp.dtype}"]
         if self.collective in ("allreduce", "reduce_scatter"):
             parts.append(self.op_name)
         if self.collective == "broadcast":

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 #: Collectives in the engine's order (``_C.COLLECTIVE_NAMES``).
-COLLECTIVE_NAMES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
+COLLECTIVE_NAMES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all")
 #: Plan algorithms in the engine's order (``_C.ALGORITHM_NAMES``).
 ALGORITHM_NAMES = ("ring", "tree", "direct", "dissemination", "hierarchical")
 COLLECTIVE_CODES = {name: i for i, name in enumerate(COLLECTIVE_NAMES)}

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from pycoll import _C
 from pycoll.call import Call
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
+from pycoll.errors import InvalidUsageError
 from pycoll.plans import PlanCache
 from pycoll.work import Work
 
@@ -139,13 +140,13 @@ class _HostExecutor:
         args = _C.Call(
             plan=self.plans.plan(
                 call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, codec,
-                exact=call.exact_own,
+                exact=call.exact_own, splits=call.splits,
             ),
             dtype=call.inp.code,
             op=call.op,
             collective=COLLECTIVE_CODES[call.collective],
             algorithm=ALGORITHM_CODES[call.algorithm],
-            count=call.count,
+            count=call.agreed_count,
             root=call.root,
             codec=None if codec is None else codec.native(),
             codec_id=0 if codec is None else codec.wire_id,
@@ -194,6 +195,7 @@ class CpuFragment(_HostExecutor):
             None if codec is None else (id(codec), codec.seed),
             0 if residual is None else residual.ptr,
             call.exact_own,
+            call.splits,
         )
         entry = self._args.get(key)
         if entry is None or entry[0] is not codec:
@@ -236,6 +238,11 @@ class CpuGrouped(_HostExecutor):
     name = "cpu-grouped"
 
     def args(self, call: Call) -> Any:
+        if call.splits is not None:
+            raise InvalidUsageError(
+                "an all_to_all of uneven parts runs on the fragment executor only: a grouped program is "
+                "lowered from every rank's plan, and uneven parts are known to their own ranks only"
+            )
         program = self.plans.program(
             call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec,
             exact=call.exact_own,

@@ -393,7 +393,7 @@ def device_call(call: Call, stream: int) -> Any:
     d = _C.gpu.Call()
     d.input, d.output, d.dtype, d.op = call.inp.ptr, call.out.ptr, call.inp.code, call.op
     d.collective, d.algorithm = COLLECTIVE_CODES[call.collective], ALGORITHM_CODES[call.algorithm]
-    d.count, d.root, d.stream = call.count, call.root, stream
+    d.count, d.root, d.stream = call.agreed_count, call.root, stream
     codec = call.codec
     if codec is not None:
         d.codec_id, d.codec_kind = codec.wire_id, KIND_CODES[codec.kind]
@@ -449,6 +449,11 @@ class _GpuExecutor:
 
     def program(self, call: Call) -> tuple[Any, Any]:
         """The compiled plan and its grouped program, cut at GPU-sized messages."""
+        if call.splits is not None:
+            raise InvalidUsageError(
+                "all_to_all on GPU memory runs even parts only (no send_counts / recv_counts): its grouped "
+                "program is lowered from every rank's plan, and uneven parts are known to their own rank only"
+            )
         args = (call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec)
         return (
             self.plans.plan(*args, segment_bytes=GPU_SEGMENT_BYTES, exact=call.exact_own),

@@ -17,9 +17,11 @@ from pycoll import _C, auto
 from pycoll.algorithms import build_plan
 from pycoll.algorithms.compressed import (
     build_compressed_all_gather,
+    build_compressed_all_to_all,
     build_compressed_plan,
     build_compressed_reduce_scatter,
 )
+from pycoll.algorithms.direct import direct_all_to_all
 from pycoll.algorithms.grouped import lower_to_groups
 from pycoll.algorithms.plan import Plan
 from pycoll.errors import InvalidUsageError
@@ -34,7 +36,8 @@ CACHE_SIZE = 512
 class PlanKey(NamedTuple):
     """What a compiled plan (``kind="plan"``) or grouped program (``kind="program"``) depends on.
     ``layout``: a codec's (block elements, block bytes), None uncompressed; ``segment_bytes``: the largest
-    message; ``exact``: a compressed all-gather that keeps each rank's own chunk exact (``exact_own``)."""
+    message; ``exact``: a compressed all-gather that keeps each rank's own chunk exact (``exact_own``);
+    ``splits``: an all-to-all's (send counts, receive counts), this rank's (None for the others)."""
 
     kind: str
     collective: str
@@ -45,6 +48,7 @@ class PlanKey(NamedTuple):
     layout: tuple[int, int] | None
     segment_bytes: int
     exact: bool
+    splits: tuple[tuple[int, ...], tuple[int, ...]] | None
 
 
 _new_key = tuple.__new__
@@ -73,6 +77,7 @@ class PlanCache:
         codec: Any = None,
         segment_bytes: int | None = None,
         exact: bool = False,
+        splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> PlanKey:
         layout = None if codec is None else (codec.block_elems, codec.block_bytes)
         if layout is not None:
@@ -82,7 +87,7 @@ class PlanCache:
             PlanKey,
             (
                 kind, collective, algorithm, count, itemsize, root, layout,
-                segment_bytes or self.segment_bytes, exact,
+                segment_bytes or self.segment_bytes, exact, splits,
             ),  # fmt: skip
         )
 
@@ -96,10 +101,13 @@ class PlanCache:
         codec: Any = None,
         segment_bytes: int | None = None,
         exact: bool = False,
+        splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> Any:
         """The compiled plan (``_C.NativePlan``). With a codec, a plan on float32 cut at its blocks
         (pycoll/algorithms/compressed.py)."""
-        key = self.key("plan", collective, algorithm, count, itemsize, root, codec, segment_bytes, exact)
+        key = self.key(
+            "plan", collective, algorithm, count, itemsize, root, codec, segment_bytes, exact, splits
+        )
         found = self._cache.get(key)  # _get, inline: every compressed call looks its plan up
         if found is not None:
             self._cache.move_to_end(key)
@@ -115,6 +123,7 @@ class PlanCache:
             self.rank,
             self.world_size,
             coded=key.layout is not None,
+            distinct=not p.in_place,
         )
         self._put(key, plan)
         self._log(key, codec, plan, p)
@@ -132,7 +141,8 @@ class PlanCache:
         exact: bool = False,
     ) -> Any:
         """This rank's grouped program (``_C.GroupedProgram``) for the plan ``plan`` returns: every rank's
-        plan is built and lowered, which every rank does alike."""
+        plan is built and lowered, which every rank does alike (so not an all-to-all's, whose plans
+        depend on every rank's split sizes)."""
         key = self.key("program", collective, algorithm, count, itemsize, root, codec, segment_bytes, exact)
         found = self._get(key)
         if found is not None:
@@ -160,6 +170,13 @@ class PlanCache:
     def python_plan(self, rank: int, key: PlanKey) -> Plan:
         """Rank ``rank``'s plan (pycoll.algorithms) for ``key``."""
         local_size = self._ranks_per_host() if key.algorithm == "hierarchical" else 1
+        if key.collective == "all_to_all":
+            if key.splits is not None and rank != self.rank:
+                raise ValueError("an uneven all-to-all's plan is built from this rank's part sizes, for it")
+            send, recv = key.splits or ((key.elements,) * self.world_size,) * 2
+            if key.layout is None:
+                return direct_all_to_all(rank, self.world_size, send, recv)
+            return build_compressed_all_to_all(rank, self.world_size, send, recv)
         if key.layout is not None:
             segment_blocks = max(1, key.segment_bytes // key.layout[1])
             if key.collective == "reduce_scatter":

@@ -12,9 +12,10 @@
 namespace pycoll {
 
 // Codes shared with Python through the _C module (COLLECTIVES / ALGORITHMS); append, never reorder.
-inline const char* const kCollectiveNames[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
+inline const char* const kCollectiveNames[] = {"allreduce", "reduce_scatter", "all_gather",
+                                               "broadcast", "barrier",        "all_to_all"};
 inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination", "hierarchical"};
-constexpr int kNumCollectives = 5;
+constexpr int kNumCollectives = 6;
 // Whether no rank can leave collective `collective` before every rank entered it (all but broadcast):
 // what the skew recorder's clock estimate relies on (engine/skew.h).
 inline bool synchronizes_all(int collective) {
@@ -80,11 +81,17 @@ inline std::string code_name(const char* const* names, int n, int32_t code) {
   return (code >= 0 && code < n) ? names[code] : ("#" + std::to_string(code));
 }
 
-// "allreduce(count=1000, dtype=float32, op=sum, algorithm=ring)"
+constexpr int kAllToAll = 5;  // kCollectiveNames: its ranks agree on no count (each part's size is checked)
+
+// "allreduce(count=1000, dtype=float32, op=sum, algorithm=ring)"; an all-to-all has no count and no op
 inline std::string describe(const Descriptor& d) {
-  std::string s = code_name(kCollectiveNames, kNumCollectives, d.collective) + "(count=" + std::to_string(d.count) +
-                  ", dtype=" + dtype_name(DType(d.dtype)) + ", op=" + redop_name(RedOp(d.op)) +
-                  ", algorithm=" + code_name(kAlgorithmNames, kNumAlgorithms, d.algorithm);
+  std::string s = code_name(kCollectiveNames, kNumCollectives, d.collective) + "(";
+  if (d.collective != kAllToAll)
+    s += "count=" + std::to_string(d.count) + ", dtype=" + dtype_name(DType(d.dtype)) +
+         ", op=" + redop_name(RedOp(d.op));
+  else
+    s += "dtype=" + std::string(dtype_name(DType(d.dtype)));
+  s += ", algorithm=" + code_name(kAlgorithmNames, kNumAlgorithms, d.algorithm);
   if (d.collective == 3) s += ", root=" + std::to_string(d.root);
   if (d.codec) s += ", compression=" + codec_name(d.codec);
   return s + ")";

@@ -118,6 +118,7 @@ class Executor::PlanRunner {
   const size_t block_bytes_;
   const size_t coded_frag_bytes_;
   const EncodedLayout encoded_;
+  const bool keep_encoded_;  // plan.keeps_encoded: received and encoded final values are kept in kEncoded
   const uint32_t rounding_key_;
   const bool stream_outputs_;
   const bool fused_;  // chains run as one pass (engine/plan_fusion.h)
@@ -151,6 +152,7 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
       encoded_(codec_ ? encoded_layout(plan, codec_->block_elems(), block_bytes_,
                                        [&](uint64_t n) { return codec_->encoded_bytes(n); })
                       : EncodedLayout{}),
+      keep_encoded_(codec_ && plan.keeps_encoded),
       rounding_key_(codec_ ? codec::rounding_key(a.seed, static_cast<uint32_t>(t_.rank()), seq_) : 0),
       stream_outputs_(!codec_ && plan.output_bytes >= x.policy_.stream_min_bytes),
       fused_(!codec_ && x.policy_.fuse),
@@ -168,7 +170,7 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
   for (size_t i = 0; i < n_ops; ++i)
     msg_bytes_[i] = coded(plan.ops[i]) ? codec_->encoded_bytes(plan.ops[i].bytes / 4) : plan.ops[i].bytes;
   if (codec_) {
-    x.encoded_.resize(encoded_.size(plan.output_bytes / 4));
+    if (keep_encoded_) x.encoded_.resize(encoded_.size(plan.output_bytes / 4));
     x.scratch_.resize(coded_frag_bytes_ / block_bytes_ * codec_->block_elems() + codec_->block_elems());
   }
   pos_.assign(n_ops, 0);
@@ -458,7 +460,7 @@ void Executor::PlanRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const u
   // What a read of INPUT consumes: the residual of the elements read (a reduce-scatter reads its own chunk
   // of INPUT into OUTPUT, so that is not `elem`).
   float* const consumed = a_.residual && op.src_buf == kInput ? a_.residual + op.src_off / 4 + first : nullptr;
-  uint8_t* const keep = x_.encoded_.data() + encoded_offset(op.dst_off / 4 + first);
+  uint8_t* const keep = keep_encoded_ ? x_.encoded_.data() + encoded_offset(op.dst_off / 4 + first) : nullptr;
   cpu::DecodeArgs d;
   d.in = frag;
   d.n = m;
@@ -471,13 +473,13 @@ void Executor::PlanRunner::codec_recv(const PlanOp& op, uint64_t op_pos, const u
   e.key = rounding_key_;
   switch (op.kind) {
     case OpKind::kRecv:  // a final value: kept, as it may be forwarded later (hierarchical all-reduce)
-      std::memcpy(keep, frag, n);
+      if (keep) std::memcpy(keep, frag, n);
       d.dst = dst;
       codec_->decode(d);
       break;
     case OpKind::kRecvCopySend:
       std::memcpy(room, frag, n);
-      std::memcpy(keep, frag, n);
+      if (keep) std::memcpy(keep, frag, n);
       d.dst = dst;
       codec_->decode(d);
       break;

@@ -81,12 +81,17 @@ struct NativePlan {
   std::vector<uint32_t> publishers;  // every chain's publishers, chain after chain
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
-  // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), and whether the
-  // plan can run with a codec at all (no SEND of OUTPUT but uncompressed ones).
+  // Set when the plan is compiled: whether some SEND reads kEncoded (a compressed plan), whether kEncoded
+  // must be kept at all with a codec (some op reads it or encodes a final value into it: not a
+  // reduce-scatter, whose finals stay exact, nor an all-to-all, whose messages are decoded once), and
+  // whether the plan can run with a codec at all (no SEND of OUTPUT but uncompressed ones).
   bool uses_encoded = false;
+  bool keeps_encoded = false;
   bool codec_compatible = true;
   // Compiled for a codec (its dependencies count every region an op touches as written).
   bool coded = false;
+  // INPUT and OUTPUT are different memory (an out-of-place collective: engine/plan_dependencies.h).
+  bool distinct = false;
   int world = 0;
   int rank = 0;
 };

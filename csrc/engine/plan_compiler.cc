@@ -32,7 +32,8 @@ static_assert(kNumCols == kPlanColumns, "kPlanColumns must match the op table's 
 }  // namespace
 
 std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Array& starts, int64_t itemsize,
-                                         int64_t input_count, int64_t output_count, int rank, int world, bool coded) {
+                                         int64_t input_count, int64_t output_count, int rank, int world, bool coded,
+                                         bool distinct) {
   if (table.ndim != 2 || (table.rows > 0 && table.cols != kNumCols))
     throw Error(ErrorKind::kInternal, "plan table must be [n_ops, " + std::to_string(kNumCols) + "]");
   if (itemsize <= 0 || itemsize > 8) throw Error(ErrorKind::kInternal, "bad itemsize");
@@ -40,6 +41,7 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
   plan->rank = rank;
   plan->world = world;
   plan->coded = coded;
+  plan->distinct = distinct;
   plan->input_bytes = static_cast<uint64_t>(input_count) * itemsize;
   plan->output_bytes = static_cast<uint64_t>(output_count) * itemsize;
   const int64_t n = table.rows;
@@ -80,6 +82,10 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
     if (op_receives_into_dst(op.kind) && op.dst_off + op.bytes > limit(op.dst_buf))
       bad("writes past the end of its buffer");
     plan->uses_encoded |= op.src_buf == kEncoded;
+    // kEncoded is kept where a SEND forwards from it, a finalizing RECV_REDUCE encodes its final value into it
+    // or a compressed COPY encodes its source into it (NativePlan::keeps_encoded).
+    plan->keeps_encoded |= op.src_buf == kEncoded || (op.kind == OpKind::kCopy && !op.uncompressed) ||
+                           (op.kind == OpKind::kRecvReduce && op.finalize && !op.uncompressed && !op.exact);
     plan->codec_compatible &= !(op.kind == OpKind::kSend && op.src_buf == kOutput && !op.uncompressed);
     plan->ops.push_back(op);
   }

@@ -64,6 +64,7 @@ class Space {
 };
 
 struct Region {
+  int32_t buf;
   uint64_t off, bytes;
   bool write;
 };
@@ -71,15 +72,17 @@ struct Region {
 // The regions op `op` touches (see the header: with a codec every one counts as written).
 int regions_of(const PlanOp& op, bool coded, Region out[2]) {
   int n = 0;
-  if (op_reads_src(op.kind)) out[n++] = Region{op.src_off, op.bytes, coded};
-  if (op_receives_into_dst(op.kind)) out[n++] = Region{op.dst_off, op.bytes, true};
+  if (op_reads_src(op.kind)) out[n++] = Region{op.src_buf, op.src_off, op.bytes, coded};
+  if (op_receives_into_dst(op.kind)) out[n++] = Region{op.dst_buf, op.dst_off, op.bytes, true};
   return n;
 }
 
 }  // namespace
 
 void link_dependencies(NativePlan& plan, bool coded) {
-  Space space(std::max(plan.input_bytes, plan.output_bytes));
+  Space shared(std::max(plan.input_bytes, plan.output_bytes));
+  Space output(plan.distinct ? plan.output_bytes : 0);
+  auto space_of = [&](int32_t buf) -> Space& { return plan.distinct && buf != kInput ? output : shared; };
   std::vector<int32_t> last_sender(plan.world, -1), last_receiver(plan.world, -1);
   std::vector<int32_t> deps;
   plan.deps.clear();
@@ -100,8 +103,9 @@ void link_dependencies(NativePlan& plan, bool coded) {
     }
     Region regions[2];
     const int n = regions_of(op, coded, regions);
-    for (int r = 0; r < n; ++r) space.hazards(regions[r].off, regions[r].bytes, regions[r].write, deps);
-    for (int r = 0; r < n; ++r) space.touch(regions[r].off, regions[r].bytes, regions[r].write, i);
+    for (int r = 0; r < n; ++r)
+      space_of(regions[r].buf).hazards(regions[r].off, regions[r].bytes, regions[r].write, deps);
+    for (int r = 0; r < n; ++r) space_of(regions[r].buf).touch(regions[r].off, regions[r].bytes, regions[r].write, i);
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     op.deps_begin = static_cast<uint32_t>(plan.deps.size());

@@ -4,11 +4,14 @@
 //
 // The parts, named once:
 //
-//   space      one byte address space for every buffer an op touches. INPUT and OUTPUT alias in an
-//              in-place collective, ENCODED is addressed like OUTPUT and the error-feedback residual like
-//              INPUT, so all four are treated as one (for collectives whose buffers do not alias this only
-//              adds orderings, never removes one).
-//   region     the bytes [off, off + bytes) of the space an op reads or writes.
+//   space      a byte address space. ENCODED is addressed like OUTPUT and the error-feedback residual
+//              like INPUT. INPUT and OUTPUT alias in an in-place collective, so all four share one space;
+//              an out-of-place one (NativePlan::distinct: a reduce-scatter, all-gather or all-to-all,
+//              whose buffers the API keeps apart) has two, INPUT's and OUTPUT's. (One space there would
+//              only add orderings, but an all-to-all's receive from a peer would then wait for its send to
+//              that peer, whose region has the same offsets: past what a ring holds, both ranks would
+//              wait for each other.)
+//   region     the bytes [off, off + bytes) of a space an op reads or writes.
 //   hazard     two ops whose regions overlap where at least one of them writes: the later one waits for
 //              the earlier (read after write, write after read, write after write). This keeps every float
 //              reduction in plan order, so results stay deterministic.

@@ -28,10 +28,14 @@ void throw_header_mismatch(int rank, int peer, const FragHeader& got, uint64_t s
                     " and rank " + std::to_string(peer),
                 peer);
   }
+  std::string hint;
+  if (desc.collective == kAllToAll)
+    hint = ": rank " + std::to_string(peer) + "'s send_counts[" + std::to_string(rank) + "] must equal rank " +
+           std::to_string(rank) + "'s recv_counts[" + std::to_string(peer) + "]";
   throw Error(ErrorKind::kMismatch,
               "rank " + std::to_string(peer) + " sent a message of " + std::to_string(got.msg_bytes) +
                   " bytes where rank " + std::to_string(rank) + " expected " + std::to_string(expected_msg_bytes) +
-                  " in collective #" + std::to_string(seq) + " " + mine,
+                  " in collective #" + std::to_string(seq) + " " + mine + hint,
               peer);
 }
 

@@ -12,7 +12,12 @@ import operator
 from typing import Callable
 
 from pycoll.algorithms.barrier import dissemination_barrier
-from pycoll.algorithms.direct import direct_all_gather, direct_allreduce, direct_reduce_scatter
+from pycoll.algorithms.direct import (
+    direct_all_gather,
+    direct_all_to_all,
+    direct_allreduce,
+    direct_reduce_scatter,
+)
 from pycoll.algorithms.hierarchical import hierarchical_allreduce
 from pycoll.algorithms.plan import Buf, Op, OpKind, Plan
 from pycoll.algorithms.ring import ring_all_gather, ring_allreduce, ring_broadcast, ring_reduce_scatter
@@ -46,6 +51,10 @@ _BUILDERS: dict[str, dict[str, _Builder]] = {
     "barrier": {
         "dissemination": lambda r, w, _c, _s, _root: dissemination_barrier(r, w),
     },
+    # even parts of count elements (pycoll.all_to_all builds uneven ones from the split sizes)
+    "all_to_all": {
+        "direct": lambda r, w, c, _s, _root: direct_all_to_all(r, w, [c] * w, [c] * w),
+    },
 }
 
 #: The algorithms each collective accepts (the first is a sensible default; "auto" is resolved by
@@ -59,8 +68,9 @@ def build_plan(collective: str, algorithm: str, rank: int, world: int, count: in
     """The plan of ``rank`` (of ``world``) for one collective.
 
     ``count`` is the buffer length for allreduce and broadcast, and the per-rank chunk for
-    reduce_scatter (INPUT ``world*count``, OUTPUT ``count``) and all_gather (INPUT ``count``, OUTPUT
-    ``world*count``); barrier ignores it. ``root`` is used by broadcast only. ``segment_elems`` is the
+    reduce_scatter (INPUT ``world*count``, OUTPUT ``count``), all_gather (INPUT ``count``, OUTPUT
+    ``world*count``) and all_to_all (even parts: INPUT and OUTPUT ``world*count``); barrier ignores
+    it. ``root`` is used by broadcast only. ``segment_elems`` is the
     most elements one message carries.
     """
     table = _BUILDERS.get(collective)

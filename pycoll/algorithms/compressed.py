@@ -28,6 +28,11 @@ share in float32 and keeps the sum (its finalizing receive-reduces are ``exact``
 quantized once whatever the world size, where a ring would re-encode the partial sum world - 1 times.
 The chunk's blocks start at the chunk: segments are whole blocks of it, only its last block may be short.
 
+All-to-all (``build_compressed_all_to_all``) is the direct all-to-all: every part a rank sends is one
+message, encoded once, in blocks from the part's start, straight into the transport's fragments (whole
+blocks each), and decoded once by its receiver; nothing is kept encoded. A rank's own part is COPYd
+``uncompressed`` (it goes nowhere, so nothing need quantize it).
+
 All-gather (``build_compressed_all_gather``) is direct too: every rank encodes its chunk once (a COPY
 of it into OUTPUT, keeping the encoding in ENCODED) and sends those bytes to every peer (SENDs from
 ENCODED), which decode them. The owner keeps the decoding of its own encoding, so every rank's output
@@ -37,10 +42,11 @@ is bitwise identical; with ``exact_own`` the COPY is ``exact`` and the owner kee
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
 from pycoll.algorithms import build_plan
 from pycoll.algorithms._layout import copy, recv, send
-from pycoll.algorithms.direct import _peers, direct_reduce_scatter
+from pycoll.algorithms.direct import _peers, direct_all_to_all, direct_reduce_scatter
 from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan, make_plan, segments
 
 #: The default algorithm with a codec: each element is quantized at most twice.
@@ -118,3 +124,15 @@ def build_compressed_all_gather(
         step += [recv(n, q, (Buf.OUTPUT, q * count + off)) for q in from_peers]
         steps.append(step)
     return make_plan(rank, world, "all_gather", "direct", count, world * count, steps)
+
+
+def build_compressed_all_to_all(
+    rank: int, world: int, send_counts: Sequence[int], recv_counts: Sequence[int]
+) -> Plan:
+    """The direct all-to-all plan of ``rank`` (parts of ``send_counts`` / ``recv_counts`` elements), each
+    part one message encoded in codec blocks from its start; the own part is COPYd uncompressed."""
+    if world == 1:
+        raise ValueError("a compressed all-to-all needs world >= 2 (one rank copies its input exactly)")
+    plan = direct_all_to_all(rank, world, send_counts, recv_counts)
+    own, *rest = plan.steps[0]
+    return replace(plan, steps=((replace(own, uncompressed=True), *rest), *plan.steps[1:]))

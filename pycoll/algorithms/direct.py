@@ -24,9 +24,24 @@ elements per pair in all, 2*(world-1)/world*count per rank, in two message laten
 
 Reduce-scatter is the reduce-scatter step alone (OUTPUT is the owner's chunk) and all-gather the
 all-gather step alone plus a local COPY of the rank's own chunk.
+
+All-to-all (``direct_all_to_all``) has no owner and no reduction; its parts:
+
+    part      INPUT is cut, in rank order, into ``send_counts[p]`` elements for rank p (this rank's own
+              part included), and OUTPUT into ``recv_counts[q]`` elements from rank q. Parts may differ
+              in size and be empty (MoE dispatch). Rank p's ``recv_counts[r]`` must equal rank r's
+              ``send_counts[p]``: each part is one message, whose size the executor checks against the
+              receiver's on its first fragment (a mismatch is a CollectiveMismatchError, never a hang or
+              a message left behind). An empty part is an empty message, so every pair of ranks meets.
+    own part  COPYd locally, in the first step.
+    exchange  the second step: one SEND to every peer and one RECV from every peer, in the fixed
+              rotation; the executor moves them all at once, fragment by fragment (no segments: nothing
+              waits on a part, so cutting it would only add messages).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from pycoll.algorithms._layout import copy, cut_segments, recv, recv_reduce, send
 from pycoll.algorithms.plan import Buf, Op, Plan, make_plan, split_even
@@ -95,3 +110,20 @@ def direct_all_gather(rank: int, world: int, count: int, segment_elems: int) -> 
         all_gather += [recv(n, q, (OUT, q * count + off)) for q in from_peers]
         steps.append(all_gather)
     return make_plan(rank, world, "all_gather", "direct", count, world * count, steps)
+
+
+def direct_all_to_all(rank: int, world: int, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Plan:
+    """Out-of-place all-to-all: INPUT is ``sum(send_counts)`` elements, part p for rank p; OUTPUT is
+    ``sum(recv_counts)``, part q from rank q."""
+    if len(send_counts) != world or len(recv_counts) != world or min(*send_counts, *recv_counts, 0) < 0:
+        raise ValueError(f"need {world} non-negative send and receive counts: {send_counts} {recv_counts}")
+    if send_counts[rank] != recv_counts[rank]:
+        raise ValueError(f"rank {rank} sends itself {send_counts[rank]} elements, gets {recv_counts[rank]}")
+    send_at = [sum(send_counts[:p]) for p in range(world)]
+    recv_at = [sum(recv_counts[:q]) for q in range(world)]
+    to_peers, from_peers = _peers(rank, world)
+    own_part = copy(send_counts[rank], (IN, send_at[rank]), (OUT, recv_at[rank]))
+    exchange = [send(send_counts[p], p, (IN, send_at[p])) for p in to_peers]
+    exchange += [recv(recv_counts[q], q, (OUT, recv_at[q])) for q in from_peers]
+    steps = [[own_part], exchange] if exchange else [[own_part]]
+    return make_plan(rank, world, "all_to_all", "direct", sum(send_counts), sum(recv_counts), steps)

@@ -185,6 +185,12 @@ class Plan:
         for step in self.steps:
             yield from step
 
+    @property
+    def in_place(self) -> bool:
+        """Whether INPUT and OUTPUT are one buffer (``INPLACE_COLLECTIVES``); the others' callers keep them
+        apart (the API refuses overlapping buffers), which the executor's dependencies rely on."""
+        return self.collective in INPLACE_COLLECTIVES
+
     def to_table(self) -> tuple[np.ndarray, np.ndarray]:
         """(ops as an int64 [n_ops, len(OP_COLUMNS)] array, step start indices as int64 [n_steps+1])."""
         rows = [
@@ -196,6 +202,10 @@ class Plan:
         starts = np.zeros(len(self.steps) + 1, dtype=np.int64)
         np.cumsum([len(s) for s in self.steps], out=starts[1:])
         return table, starts
+
+
+#: Collectives whose INPUT and OUTPUT are the same buffer; every other one is out of place.
+INPLACE_COLLECTIVES = frozenset({"allreduce", "broadcast", "barrier"})
 
 
 def split_even(count: int, parts: int) -> list[tuple[int, int]]:

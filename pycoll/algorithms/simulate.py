@@ -65,9 +65,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from pycoll.algorithms.plan import READS_SRC, RECEIVES, SENDS, WRITES_DST, Buf, Op, OpKind, Plan
-
-INPLACE_COLLECTIVES = frozenset({"allreduce", "broadcast", "barrier"})
-OUT_OF_PLACE_COLLECTIVES = frozenset({"reduce_scatter", "all_gather"})
+from pycoll.codes import COLLECTIVE_NAMES
 
 REDUCE_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "sum": np.add,
@@ -143,11 +141,9 @@ class SimResult:
 def _is_inplace(plan: Plan, inplace: bool | None) -> bool:
     if inplace is not None:
         return inplace
-    if plan.collective in INPLACE_COLLECTIVES:
-        return True
-    if plan.collective in OUT_OF_PLACE_COLLECTIVES:
-        return False
-    raise ValueError(f"collective {plan.collective!r} is unknown to the simulator: pass inplace=True/False")
+    if plan.collective not in COLLECTIVE_NAMES:
+        raise ValueError(f"collective {plan.collective!r} is unknown to the simulator: pass inplace=")
+    return plan.in_place
 
 
 def _where(step: int, index: int, op: Op) -> str:

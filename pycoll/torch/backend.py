@@ -551,19 +551,39 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> TorchWork:
+        """pycoll's all-to-all (one message per pair of ranks), compressed where ``Options`` opts it in
+        (``all_to_all_compression``: each part encoded once by its sender, MoE dispatch)."""
         opts = AllToAllOptions() if opts is None else opts
         in_sizes = self._split_sizes(input, list(input_split_sizes), "input")
         out_sizes = self._split_sizes(output, list(output_split_sizes), "output")
-        timeout, me = _seconds(opts), self._rank
+        row_in, row_out = _row_numel(input), _row_numel(output)
+        if input.dtype != output.dtype or row_in != row_out:
+            raise InvalidUsageError(
+                f"all_to_all_single needs input and output rows of one size and dtype, got rows of {row_in} "
+                f"{input.dtype} and {row_out} {output.dtype}"
+            )
+        even = len(set(in_sizes)) == 1 and in_sizes == out_sizes  # the even parts every path runs
+        codec = self.options.all_to_all_codec_for(input)
+        timeout, comm = _seconds(opts), self.comm
+
+        def counts(unit: int) -> tuple[list[int] | None, list[int] | None]:
+            """send_counts and recv_counts in units of ``unit`` per row (None for even parts)."""
+            if even:
+                return None, None
+            return [n * unit for n in in_sizes], [n * unit for n in out_sizes]
 
         def run() -> None:
+            source = input.clone() if _overlap(input, output) else input.contiguous()
             work, back = contiguous_for_write(output)
-            ins, outs = _rows(input.contiguous(), in_sizes), _rows(work, out_sizes)
-            outs[me].copy_(ins[me])
-            peers = [p for p in range(self._size) if p != me]
-            sends = {p: ins[p] for p in peers if ins[p].numel()}
-            self._exchange(sends, {p: outs[p] for p in peers if outs[p].numel()}, timeout)
-            _write_back([(work, back)])
+            if codec is None:  # bytes: every dtype (complex, bool, ...) alike
+                send, recv = counts(row_in * input.element_size())
+                pycoll.all_to_all(as_bytes(source), as_bytes(work), send, recv, comm=comm, timeout=timeout)
+            else:
+                send, recv = counts(row_in)
+                pycoll.all_to_all(source.reshape(-1), work.reshape(-1), send, recv, compression=codec,
+                                  comm=comm, timeout=timeout)  # fmt: skip
+            if back is not None:
+                back()
 
         return self._start("all_to_all_single", run, [output], opts)
 
@@ -655,6 +675,11 @@ def _write_back(outs: list[tuple[torch.Tensor, Callable[[], Any] | None]]) -> No
     for _, back in outs:
         if back is not None:
             back()
+
+
+def _row_numel(tensor: torch.Tensor) -> int:
+    """Elements per row of dim 0 (a 0-d tensor is one row of one element)."""
+    return tensor[0].numel() if tensor.dim() and tensor.shape[0] else max(1, tensor.numel())
 
 
 def _rows(tensor: torch.Tensor, sizes: list[int]) -> Tensors:

@@ -8,8 +8,11 @@ group has a codec, the tensor has at least ``min_numel`` elements, its dtype is 
 (float32, float16, bfloat16) and the op is SUM, AVG or PREMUL_SUM. An all-gather into a tensor
 (``all_gather_into_tensor``, FSDP2's weights) compresses only when opted in with
 ``all_gather_compression``, under the same size and dtype rule: each rank's chunk is encoded once and
-every rank decodes the same bytes (ZeRO++'s qwZ). Everything else (integers, uint8, bool, float64,
-MIN/MAX/PRODUCT/bitwise, other gathers, broadcasts, all-to-all, send/recv) stays lossless.
+every rank decodes the same bytes (ZeRO++'s qwZ). ``all_to_all_single`` (MoE dispatch and combine)
+compresses only when opted in with ``all_to_all_compression``, under the same rule: each part is
+encoded once by its sender and decoded once by its receiver, a rank's own part copied exactly.
+Everything else (integers, uint8, bool, float64, MIN/MAX/PRODUCT/bitwise, other gathers, the list
+all-to-all, broadcasts, send/recv) stays lossless.
 
 Error feedback (``error_feedback=True``, the default with a codec): what compression lost on a tensor
 is kept in a float32 residual and added to that tensor's next all-reduce. A residual belongs to the
@@ -49,6 +52,8 @@ class Options:
     (the DDP hook's rule). ``algorithm``: the all-reduce algorithm ("auto": the cost model's choice).
     ``max_residuals``: how many residuals error feedback keeps at most. ``all_gather_compression``: the
     codec of ``all_gather_into_tensor`` (None, the default: lossless), e.g. FSDP2's weight all-gather.
+    ``all_to_all_compression``: the codec of ``all_to_all_single`` (None, the default: lossless), e.g.
+    MoE token dispatch; no error feedback (each call moves other tokens).
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class Options:
         algorithm: str = "auto",
         max_residuals: int = 256,
         all_gather_compression: Union[str, Codec, None] = None,
+        all_to_all_compression: Union[str, Codec, None] = None,
     ) -> None:
         if not isinstance(min_numel, int) or min_numel < 0:
             raise InvalidUsageError(f"min_numel must be an integer >= 0, got {min_numel!r}")
@@ -73,6 +79,7 @@ class Options:
         self.algorithm = algorithm
         self.max_residuals = max_residuals
         self.all_gather_codec: Codec | None = get_codec(all_gather_compression)
+        self.all_to_all_codec: Codec | None = get_codec(all_to_all_compression)
 
     def codec_for(self, tensor: torch.Tensor, op: str, numel: int | None = None) -> Codec | None:
         """The codec this reduction of ``tensor`` (or of ``numel`` elements of its dtype) goes through,
@@ -85,6 +92,10 @@ class Options:
         """The codec an ``all_gather_into_tensor`` of ``tensor`` (a rank's input) goes through, or None."""
         return self._sized(self.all_gather_codec, tensor, tensor.numel())
 
+    def all_to_all_codec_for(self, tensor: torch.Tensor) -> Codec | None:
+        """The codec an ``all_to_all_single`` of ``tensor`` (a rank's input) goes through, or None."""
+        return self._sized(self.all_to_all_codec, tensor, tensor.numel())
+
     def _sized(self, codec: Codec | None, tensor: torch.Tensor, numel: int) -> Codec | None:
         """``codec`` where the size and dtype rule lets it compress ``numel`` elements of ``tensor``'s."""
         if codec is None or numel < self.min_numel or tensor.dtype not in _CODEC_DTYPES:
@@ -95,6 +106,8 @@ class Options:
         codec = "none" if self.codec is None else repr(self.codec)
         ag = self.all_gather_codec
         gather = "" if ag is None else f", all_gather_compression={ag!r}"
+        if self.all_to_all_codec is not None:
+            gather += f", all_to_all_compression={self.all_to_all_codec!r}"
         return (
             f"pycoll.torch.Options(compression={codec}, error_feedback={self.error_feedback}, "
             f"min_numel={self.min_numel}, algorithm={self.algorithm!r}{gather})"

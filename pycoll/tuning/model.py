@@ -49,6 +49,7 @@ from pycoll.algorithms import ALGORITHMS, build_plan
 from pycoll.algorithms.compressed import (
     COMPRESSED_DIRECT_ALGORITHM,
     build_compressed_all_gather,
+    build_compressed_all_to_all,
     build_compressed_plan,
     build_compressed_reduce_scatter,
 )
@@ -102,13 +103,13 @@ _RECEIVES = (
 
 
 def bus_factor(collective: str, world: int) -> float:
-    """nccl-tests' busbw / algbw: 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter and all-gather,
-    1 for broadcast."""
+    """nccl-tests' busbw / algbw: 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter, all-gather and
+    all-to-all, 1 for broadcast."""
     if world <= 1:
         return 1.0
     if collective == "allreduce":
         return 2 * (world - 1) / world
-    if collective in ("reduce_scatter", "all_gather"):
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         return (world - 1) / world
     return 1.0
 
@@ -245,6 +246,8 @@ def plan_costs(
             if collective == "reduce_scatter"
             else build_compressed_all_gather(r, world, count, block, segment_blocks)
             if collective == "all_gather"
+            else build_compressed_all_to_all(r, world, [count] * world, [count] * world)
+            if collective == "all_to_all"
             else build_compressed_plan(algorithm, r, world, count, block, segment_blocks, local_size)
             for r in range(world)
         )
@@ -503,10 +506,11 @@ def expected_error(codec: str, algorithm: str, world: int) -> float:
 
 
 def one_quantization_error(codec: str, collective: str, world: int) -> float:
-    """The relative L2 error of a compressed reduce-scatter or all-gather, from the two-shot all-reduce's
-    measured error: two-shot's grows like e1 * sqrt((2n - 1) / n) (docs/compression.md), so one
-    quantization's e1 is its 2-rank error / sqrt(3 / 2). An all-gather quantizes each chunk once (e1); a
-    reduce-scatter adds n - 1 quantized shares to the owner's exact one (e1 * sqrt((n - 1) / n))."""
+    """The relative L2 error of a compressed reduce-scatter, all-gather or all-to-all, from the two-shot
+    all-reduce's measured error: two-shot's grows like e1 * sqrt((2n - 1) / n) (docs/compression.md), so
+    one quantization's e1 is its 2-rank error / sqrt(3 / 2). An all-gather quantizes each chunk once (e1;
+    the owner's own decoded too); an all-to-all every part but the own, exact one (e1 * sqrt((n - 1) / n)
+    over the output, like a reduce-scatter, whose owner adds n - 1 quantized shares to its exact one)."""
     if world <= 1:
         return 0.0
     e1 = expected_error(codec, "direct", 2) / math.sqrt(1.5)
@@ -515,9 +519,10 @@ def one_quantization_error(codec: str, collective: str, world: int) -> float:
 
 def _plan_count(collective: str, world: int, nbytes: int, itemsize: int) -> int:
     """``build_plan``'s count for a call whose largest buffer is ``nbytes`` (as the API counts it: the
-    all-reduce or broadcast buffer, the reduce-scatter input, the all-gather output)."""
+    all-reduce or broadcast buffer, the reduce-scatter input, the all-gather output, the all-to-all's
+    input, of even parts)."""
     elems = nbytes // itemsize
-    if collective in ("reduce_scatter", "all_gather"):
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         return elems // max(world, 1)
     return elems
 

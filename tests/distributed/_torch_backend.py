@@ -372,6 +372,27 @@ def compressed_all_gather(_comm: Any, rank: int, world: int) -> dict[str, Any]:
             "small": sout.tolist()}
 
 
+def compressed_all_to_all(_comm: Any, rank: int, world: int) -> dict[str, Any]:
+    """A group with all_to_all_compression="int8": all_to_all_single of float32 rows (MoE dispatch: rank r
+    sends (j + 1) * 300 rows of 8 to rank j) compressed, each part its sender's encoding decoded and the
+    own part exact; int64 rows and the list all_to_all lossless."""
+    import torch
+    import torch.distributed as dist
+
+    import pycoll.torch as pt
+
+    group = dist.new_group(backend="pycoll", pg_options=pt.Options(all_to_all_compression="int8"))
+    in_splits = [(j + 1) * 300 for j in range(world)]
+    out_splits = [(rank + 1) * 300] * world
+    x = torch.randn(sum(in_splits), 8, generator=torch.Generator().manual_seed(7 + rank))
+    out = torch.empty(sum(out_splits), 8)
+    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    ids = torch.arange(sum(in_splits) * 8, dtype=torch.int64).reshape(-1, 8) + 10**6 * rank
+    ids_out = torch.empty(sum(out_splits), 8, dtype=torch.int64)
+    dist.all_to_all_single(ids_out, ids, out_splits, in_splits, group=group)
+    return {"x": x.numpy().tobytes(), "out": out.numpy().tobytes(), "ids": ids_out.numpy().tobytes()}
+
+
 def refused_options(_comm: Any, rank: int, world: int) -> list[str]:
     import torch.distributed as dist
 

@@ -267,6 +267,24 @@ def test_all_gather_compression_is_opted_in_and_identical_everywhere(pools):
         assert not np.array_equal(decoded, x), "int8 was not applied"
 
 
+def test_all_to_all_compression_encodes_each_part_once(pools):
+    world, row = 3, 8
+    results = pools(world).run(tb.compressed_all_to_all, timeout=90)
+    sent = [np.frombuffer(r["x"], dtype=np.float32).reshape(-1, row) for r in results]
+    for rank, got in enumerate(results):
+        out = np.frombuffer(got["out"], dtype=np.float32).reshape(-1, row)
+        ids = np.frombuffer(got["ids"], dtype=np.int64).reshape(-1, row)
+        rows = (rank + 1) * 300
+        for q in range(world):
+            start = sum((j + 1) * 300 for j in range(rank))  # where rank q's rows for this rank begin
+            part = sent[q][start:start + rows].reshape(-1)
+            got_part = out[q * rows:(q + 1) * rows].reshape(-1)
+            want = part if q == rank else codec_ref.encode(get_codec("int8"), part)[1]
+            assert np.array_equal(got_part, want), f"rank {rank}: the part from rank {q}"
+            want_ids = np.arange(start * row, (start + rows) * row, dtype=np.int64) + 10**6 * q
+            assert np.array_equal(ids[q * rows:(q + 1) * rows].reshape(-1), want_ids), "int64 rows are exact"
+
+
 def test_options_and_device_maps_that_cannot_work_are_refused(pools):
     for errors in pools(2).run(tb.refused_options, timeout=60):
         assert errors[0].startswith("InvalidUsageError") and "pycoll.torch.Options" in errors[0], errors[0]

@@ -43,10 +43,12 @@ def test_the_compression_rule_is_dtype_and_op(dtype: str, op: str) -> None:
 
 
 @pytest.mark.parametrize("collective", ["broadcast", "barrier"])
-def test_what_compresses_is_allreduce_reduce_scatter_and_all_gather(collective: str) -> None:
-    assert "allreduce, reduce_scatter, all_gather only" in compression_refusal(collective, "float32", "sum")
+def test_what_compresses_is_allreduce_reduce_scatter_all_gather_and_all_to_all(collective: str) -> None:
+    refusal = compression_refusal(collective, "float32", "sum")
+    assert "allreduce, reduce_scatter, all_gather, all_to_all only" in refusal
     assert compression_refusal("reduce_scatter", "float32", "avg") is None
     assert compression_refusal("all_gather", "bfloat16", "sum") is None
+    assert compression_refusal("all_to_all", "float16", "sum") is None
 
 
 def test_the_codecs_dtypes_are_the_rules() -> None:
@@ -75,14 +77,22 @@ def test_each_collective_launches_one_call_with_its_fields(one_rank_comm, calls)
     pycoll.all_gather(np.arange(10, dtype=np.int64), gathered, comm=comm)
     pycoll.broadcast(x, 0, comm=comm)
     pycoll.barrier(comm=comm)
+    parts = np.zeros(10, dtype=np.float32)
+    pycoll.all_to_all(x, parts, [10], [10], comm=comm)
+    even = np.zeros(10, dtype=np.float32)
+    pycoll.all_to_all(x, even, compression="int8", comm=comm)
     kinds = [c.collective for c in calls]
-    assert kinds == ["allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"]
-    ar, rs, ag, bc, _ = calls
+    assert kinds == ["allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all", "all_to_all"]
+    ar, rs, ag, bc, _, a2a, a2a_even = calls
     assert (ar.algorithm, ar.op, ar.op_name, ar.timeout, ar.count, ar.result) == ("ring", 1, "avg", 7, 10, x)
     assert ar.inp is ar.out and ar.codec is None and ar.report
     assert (rs.count, rs.op, rs.out.obj is out) == (10, OP_CODES["max"], True)
     assert (ag.count, ag.inp.dtype, ag.result is gathered) == (10, "int64", True)
     assert bc.root == 0 and bc.result is x
+    # uneven parts: no count the ranks agree on, the part sizes instead; one rank copies exactly (no codec)
+    assert (a2a.count, a2a.agreed_count, a2a.splits, a2a.algorithm) == (0, 0, ((10,), (10,)), "direct")
+    assert (a2a_even.count, a2a_even.agreed_count, a2a_even.splits, a2a_even.codec) == (10, 0, None, None)
+    np.testing.assert_array_equal(parts, x)
     np.testing.assert_array_equal(out, np.arange(10, dtype=np.float32) * 2)  # one rank: its own chunk
     np.testing.assert_array_equal(gathered, np.arange(10))
 
@@ -94,6 +104,9 @@ def test_describe_names_what_was_called() -> None:
     )
     assert Call("broadcast", "tree", buf, buf, 100, root=3).describe() == "broadcast(100 x float32, root=3)"
     assert Call("all_gather", "ring", buf, buf, 25).describe() == "all_gather(25 x float32, ring)"
+    assert Call("all_to_all", "direct", buf, buf, 25).describe() == "all_to_all(25 x float32 per rank, direct)"
+    uneven = Call("all_to_all", "direct", buf, buf, 0, splits=((60, 40), (30, 70)))
+    assert uneven.describe() == "all_to_all(send [60, 40], receive [30, 70] x float32, direct)"
 
 
 def test_an_async_call_is_a_work_that_holds_the_result(one_rank_comm, calls) -> None:

@@ -18,7 +18,8 @@ import pytest
 from pycoll import _C
 from pycoll.algorithms import ALGORITHMS, build_plan
 from pycoll.algorithms.compressed import build_compressed_plan
-from pycoll.algorithms.plan import RECEIVES, SENDS, OpKind, Plan
+from pycoll.algorithms.direct import direct_all_to_all
+from pycoll.algorithms.plan import RECEIVES, SENDS, Buf, OpKind, Plan
 
 READS_SRC = {
     OpKind.SEND, OpKind.RECV_REDUCE, OpKind.RECV_REDUCE_SEND, OpKind.RECV_REDUCE_COPY_SEND, OpKind.COPY,
@@ -26,19 +27,23 @@ READS_SRC = {
 WRITES_DST = {k for k in OpKind if k not in (OpKind.SEND, OpKind.RECV_REDUCE_SEND)}
 
 
-def _regions(op, coded: bool) -> list[tuple[int, int, bool]]:
-    """(start, end, writes) of what the op touches, in elements of one space (the buffers may alias)."""
+def _regions(op, coded: bool, distinct: bool) -> list[tuple[int, int, int, bool]]:
+    """(space, start, end, writes) of what the op touches, in elements: one space where the buffers may
+    alias (in place), else INPUT's (0) and OUTPUT's, which ENCODED shares (1)."""
+    def space(buf: Buf) -> int:
+        return int(distinct and buf != Buf.INPUT)
+
     out = []
     if op.kind in READS_SRC:
-        out.append((op.src[1], op.src[1] + op.count, coded))
+        out.append((space(op.src[0]), op.src[1], op.src[1] + op.count, coded))
     if op.kind in WRITES_DST:
-        out.append((op.dst[1], op.dst[1] + op.count, True))
-    return [r for r in out if r[1] > r[0]]
+        out.append((space(op.dst[0]), op.dst[1], op.dst[1] + op.count, True))
+    return [r for r in out if r[2] > r[1]]
 
 
 def _conflicts(plan: Plan, coded: bool) -> list[set[int]]:
     ops = list(plan.ops())
-    regions = [_regions(op, coded) for op in ops]
+    regions = [_regions(op, coded, not plan.in_place) for op in ops]
     out: list[set[int]] = []
     for i, op in enumerate(ops):
         mine = set()
@@ -48,9 +53,9 @@ def _conflicts(plan: Plan, coded: bool) -> list[set[int]]:
                 mine.add(j)
             if op.kind in RECEIVES and other.kind in RECEIVES and other.recv_peer == op.recv_peer:
                 mine.add(j)
-            for a0, a1, aw in regions[i]:
-                for b0, b1, bw in regions[j]:
-                    if a0 < b1 and b0 < a1 and (aw or bw):
+            for sa, a0, a1, aw in regions[i]:
+                for sb, b0, b1, bw in regions[j]:
+                    if sa == sb and a0 < b1 and b0 < a1 and (aw or bw):
                         mine.add(j)
         out.append(mine)
     return out
@@ -59,7 +64,7 @@ def _conflicts(plan: Plan, coded: bool) -> list[set[int]]:
 def _check(plan: Plan, coded: bool = False) -> None:
     table, starts = plan.to_table()
     native = _C.NativePlan(table, starts, 4, plan.input_count, plan.output_count, plan.rank, plan.world,
-                           coded=coded)
+                           coded=coded, distinct=not plan.in_place)
     deps = _C.testing.plan_dependencies(native)
     want = _conflicts(plan, coded)
     step_of = [s for s, step in enumerate(plan.steps) for _ in step]
@@ -112,3 +117,19 @@ def test_the_two_shot_gather_sends_overlap_and_the_barrier_rounds_do_not() -> No
     table, starts = barrier.to_table()
     bdeps = _C.testing.plan_dependencies(_C.NativePlan(table, starts, 4, 0, 0, 0, 4))
     assert [after for _, after in bdeps] == [0, 0, 2, 2]
+
+
+def test_an_all_to_alls_receives_wait_for_none_of_its_sends() -> None:
+    """Out of place, a receive into OUTPUT and a send from INPUT at the same offsets are independent: were
+    the receive to wait for the send, two ranks exchanging parts larger than a ring would each wait for
+    the other to receive first. Compiled as in place, the same plan orders them (what it must not)."""
+    plan = direct_all_to_all(0, 3, [5, 7000, 9000], [5, 8000, 6000])
+    table, starts = plan.to_table()
+    ops = list(plan.ops())
+    sends = {i for i, op in enumerate(ops) if op.kind == OpKind.SEND}
+    recvs = [i for i, op in enumerate(ops) if op.kind == OpKind.RECV]
+    for distinct, waits in ((True, False), (False, True)):
+        native = _C.NativePlan(table, starts, 4, plan.input_count, plan.output_count, 0, 3, distinct=distinct)
+        deps = _C.testing.plan_dependencies(native)
+        assert any(set(deps[i][0]) & sends for i in recvs) == waits, f"distinct={distinct}"
+    _check(plan)

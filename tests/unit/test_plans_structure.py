@@ -147,7 +147,7 @@ def test_tree_allreduce_interleaves_up_and_down(world: int) -> None:
 @pytest.mark.parametrize("collective,algorithm", [(c, a) for c, algs in ALGORITHMS.items() for a in algs])
 def test_world_one(collective: str, algorithm: str) -> None:
     plan = build_plan(collective, algorithm, 0, 1, 10)
-    if collective in ("reduce_scatter", "all_gather"):
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         assert len(plan.steps) == 1 and len(plan.steps[0]) == 1
         (op,) = plan.steps[0]
         assert (op.kind, op.count, op.src, op.dst) == (OpKind.COPY, 10, (Buf.INPUT, 0), (Buf.OUTPUT, 0))
@@ -178,13 +178,15 @@ def test_empty_regions_still_send(collective: str, algorithm: str, world: int, c
 # ---- the API ------------------------------------------------------------------------------------------
 
 def test_algorithms_table() -> None:
-    assert set(ALGORITHMS) == {"allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier"}
+    assert set(ALGORITHMS) == {
+        "allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all"
+    }
     assert ALGORITHMS["allreduce"] == ("ring", "tree", "direct", "hierarchical")
 
 
 def test_build_plan_is_cached_and_validates() -> None:
     assert build_plan("allreduce", "ring", 1, 4, 100) is build_plan("allreduce", "ring", 1, 4, 100)
-    with pytest.raises(ValueError, match="allreduce, reduce_scatter, all_gather, broadcast, barrier"):
+    with pytest.raises(ValueError, match="all_gather, broadcast, barrier, all_to_all"):
         build_plan("alltoall", "ring", 0, 2, 1)
     with pytest.raises(ValueError, match="ring, tree, direct"):
         build_plan("allreduce", "butterfly", 0, 2, 1)

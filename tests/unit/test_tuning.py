@@ -36,7 +36,7 @@ def _plans(collective: str, algorithm: str, world: int, count: int) -> list:
 
 
 def _inputs(collective: str, world: int, count: int) -> list[np.ndarray]:
-    n = count * world if collective == "reduce_scatter" else count
+    n = count * world if collective in ("reduce_scatter", "all_to_all") else count
     return [np.full(n, r + 1, dtype=np.float32) for r in range(world)]
 
 
