@@ -7,7 +7,7 @@
 #       <var> = the directory holding cuda_runtime_api.h (CUDA_HOME, CUDA_PATH, /usr/local/cuda...), or a
 #       false value when there is none.
 #   pycoll_add_emulation(<target> [OPTIONS <flag>...] [KERNEL_OPTIONS <flag>...])
-#       A static library: the emulation's runtime and scheduler, and the kernels (codec.cu, reduce.cu, each
+#       A static library: the emulation's runtime and scheduler, and the kernels (codec.cu, reduce.cu, rotate.cu, each
 #       through a kernels_*.cc that includes it after cuda_emulation.h). OPTIONS go to every source,
 #       KERNEL_OPTIONS to the kernels' only (the shadow-map build instruments their memory accesses).
 #       Consumers get the include directories (csrc, csrc/include, the CUDA headers).
@@ -31,7 +31,7 @@ function(pycoll_add_emulation target)
   cmake_parse_arguments(ARG "" "" "OPTIONS;KERNEL_OPTIONS" ${ARGN})
   set(dir "${PYCOLL_SOURCE_ROOT}/csrc/cuda/emulation")
   set(includes "${PYCOLL_SOURCE_ROOT}/csrc/include" "${PYCOLL_SOURCE_ROOT}/csrc" "${PYCOLL_CUDA_INCLUDE_DIR}")
-  add_library(${target}_kernels OBJECT "${dir}/kernels_codec.cc" "${dir}/kernels_reduce.cc")
+  add_library(${target}_kernels OBJECT "${dir}/kernels_codec.cc" "${dir}/kernels_reduce.cc" "${dir}/kernels_rotate.cc")
   add_library(${target} STATIC "${dir}/fiber.cc" "${dir}/runtime.cc" "${dir}/scheduler.cc"
     $<TARGET_OBJECTS:${target}_kernels>)
   foreach(t ${target} ${target}_kernels)

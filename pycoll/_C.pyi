@@ -13,6 +13,7 @@ def codec_isa() -> str: ...
 def skew_bucket(ns: int) -> int: ...
 def skew_bucket_floor(bucket: int) -> int: ...
 def rounding_key(seed: int, rank: int, seq: int) -> int: ...
+def rotate(x: np.ndarray, parts: np.ndarray, block: int, inverse: bool) -> None: ...
 def builtin_codec(kind: int, block: int, rounding: int) -> Codec: ...
 def user_codec(
     name: str, block_elems: int, block_bytes: int, tail_bytes: list[int], encode: int, decode: int
@@ -93,6 +94,9 @@ class Call:
     codec_id: int
     residual: int
     seed: int
+    rotation_block: int
+    rotate_input: list[int]
+    rotate_output: list[int]
     timeout_s: float
     program: GroupedProgram | None
     skew: bool
@@ -114,6 +118,9 @@ class Call:
         codec_id: int = 0,
         residual: int = 0,
         seed: int = 0,
+        rotation_block: int = 0,
+        rotate_input: list[int] | None = None,
+        rotate_output: list[int] | None = None,
         timeout_s: float = 0.0,
         program: GroupedProgram | None = None,
         skew: bool = True,
@@ -188,6 +195,9 @@ class _GpuCall:
     block_bytes: int
     residual: int
     seed: int
+    rotation_block: int
+    rotate_input_part: int
+    rotate_output_part: int
     stream: int
     def __init__(self) -> None: ...
 
@@ -336,5 +346,7 @@ class _CudaModule:
         divisor: int = 0,
         stream: int = 0,
     ) -> None: ...
+    @staticmethod
+    def rotate(x: int, n: int, part: int, block: int, inverse: bool = False, stream: int = 0) -> None: ...
 
 cuda: _CudaModule

@@ -139,3 +139,20 @@ class Call:
 
     def __repr__(self) -> str:
         return f"<pycoll.Call {self.describe()}>"
+
+
+def codec_parts(call: Call, world: int) -> tuple[list[int], list[int]]:
+    """The parts of ``call``'s INPUT and OUTPUT (element counts, one after another) whose codec blocks start
+    at their first element, as its compressed plan cuts them (pycoll/algorithms/compressed.py): an
+    all-reduce's buffer; a reduce-scatter's and an all-gather's chunks; an all-to-all's parts. Where a
+    codec's rotation applies (csrc/kernels/rotation.h)."""
+    count, collective = call.count, call.collective
+    if collective == "reduce_scatter":
+        return [count] * world, [count]
+    if collective == "all_gather":
+        return [count], [count] * world
+    if collective == "all_to_all":
+        if call.splits is not None:
+            return list(call.splits[0]), list(call.splits[1])
+        return [count] * world, [count] * world
+    return [count], [count]

@@ -12,6 +12,7 @@ never reorder (tests/unit/test_layers.py checks the native module's names agains
 | OP_CODES         | csrc/kernels/types.h ``RedOp``                        | reduction ops                   |
 | KIND_CODES       | csrc/kernels/codec.h ``codec::Kind``                  | built-in codec kinds, user      |
 | ROUNDING_CODES   | csrc/kernels/codec.h ``codec::Rounding``              | codec rounding modes            |
+| ROTATION_CODES   | csrc/kernels/rotation.h ``codec::Rotation``           | codec rotations (wire id)       |
 | ERROR_KIND_CODES | csrc/include/pycoll/errors.h ``ErrorKind``            | ``_C.ERROR_KINDS``, aborts      |
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "ERROR_KIND_CODES",
     "KIND_CODES",
     "OP_CODES",
+    "ROTATION_CODES",
     "ROUNDING_CODES",
 ]
 
@@ -50,9 +52,11 @@ DTYPE_CODES = {
 # Codes shared with csrc/kernels/types.h (RedOp).
 OP_CODES = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 
-# Codes shared with csrc/kernels/codec.h (codec::Kind, codec::Rounding).
+# Codes shared with csrc/kernels/codec.h (codec::Kind, codec::Rounding) and csrc/kernels/rotation.h
+# (codec::Rotation; None is no rotation).
 KIND_CODES = {"fp16": 1, "bf16": 2, "int8": 3, "int4": 4, "user": 15}
 ROUNDING_CODES = {"nearest": 0, "stochastic": 1}
+ROTATION_CODES = {None: 0, "hadamard": 1}
 
 # Codes shared with csrc/include/pycoll/errors.h (ErrorKind): what a native error is (pycoll/errors.py has
 # the exception class of each), and what NativeCommunicator.abort is told.

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pycoll import _C
-from pycoll.call import Call
+from pycoll.call import Call, codec_parts
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
 from pycoll.errors import InvalidUsageError
 from pycoll.plans import PlanCache
@@ -157,6 +157,9 @@ class _HostExecutor:
         )
         if not call.report:
             args.skew = False
+        if codec is not None and codec.rotation is not None:
+            args.rotation_block = codec.block_elems
+            args.rotate_input, args.rotate_output = codec_parts(call, self.comm.world_size)
         return args
 
 

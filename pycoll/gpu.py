@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pycoll import _C
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
-from pycoll.call import Call
+from pycoll.call import Call, codec_parts
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
 from pycoll.tuning.links import GPU_SEGMENT_BYTES
@@ -388,8 +388,9 @@ class GpuSide:
 
 
 # ---- the GPU executors (pycoll/dispatch.py's table) ---------------------------------------------------
-def device_call(call: Call, stream: int) -> Any:
-    """The native GPU call (``_C.gpu.Call``) of a plan's grouped program: pointers, codes, codec layout."""
+def device_call(call: Call, stream: int, world: int) -> Any:
+    """The native GPU call (``_C.gpu.Call``) of a plan's grouped program: pointers, codes, codec layout (and
+    the parts its rotation works in, all of one size on GPU memory)."""
     d = _C.gpu.Call()
     d.input, d.output, d.dtype, d.op = call.inp.ptr, call.out.ptr, call.inp.code, call.op
     d.collective, d.algorithm = COLLECTIVE_CODES[call.collective], ALGORITHM_CODES[call.algorithm]
@@ -402,6 +403,10 @@ def device_call(call: Call, stream: int) -> Any:
         d.block_elems, d.block_bytes = codec.block_elems, codec.block_bytes
         d.seed = codec.seed
         d.residual = 0 if call.residual is None else call.residual.ptr
+        if codec.rotation is not None:
+            parts_in, parts_out = codec_parts(call, world)
+            d.rotation_block = codec.block_elems
+            d.rotate_input_part, d.rotate_output_part = max(parts_in[0], 1), max(parts_out[0], 1)
     return d
 
 
@@ -479,7 +484,7 @@ class NcclExecutor(_GpuExecutor):
             run(nccl, call, stream)
             return
         plan, program = self.program(call)
-        side.nccl_native().run(plan, program, device_call(call, stream))
+        side.nccl_native().run(plan, program, device_call(call, stream, self.comm.world_size))
 
 
 class HostStagedExecutor(_GpuExecutor):
@@ -501,7 +506,7 @@ class HostStagedExecutor(_GpuExecutor):
             program=program,
             timeout_s=self.comm.timeout if call.timeout is None else call.timeout,
             gpu=side.staged_native(),
-            device=device_call(call, stream),
+            device=device_call(call, stream, self.comm.world_size),
         )
         self.comm.native().run(staged, call.inp.ptr, call.out.ptr)
 

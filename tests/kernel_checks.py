@@ -70,6 +70,8 @@ class Kernels(Protocol):
     def decode(self, kind: int, block: int, rounding: int, data: int, dst: int, n: int,
                **kw: Any) -> None: ...
 
+    def rotate(self, x: int, n: int, part: int, block: int, inverse: bool) -> None: ...
+
 
 def check_guards(host: np.ndarray, lo: int, nbytes: int, poison: int, offset: int) -> np.ndarray:
     """The ``nbytes`` at ``lo`` of ``host`` (a buffer's whole allocation), after its guards' check."""
@@ -446,6 +448,23 @@ class KernelChecks:
             for variant in (DECODE_VARIANTS[0], DECODE_VARIANTS[2]):
                 run_decode(kernels, spec, data, n, variant, rng)
 
+    # -- the rotation (csrc/kernels/rotation.h)
+    @pytest.mark.parametrize("block", [8, 24, 32, 64, 128, 256])
+    def test_rotate_matches_cpu(self, kernels: Kernels, block: int) -> None:
+        """Parts of one size in blocks of ``block`` (a short last block), forward and back, in place, at
+        aligned and misaligned addresses: the same bits as ``_C.rotate`` (no NaN arithmetic here)."""
+        rng = np.random.default_rng([block, 13])
+        for parts, part in ((1, 1), (1, block - 1), (3, 3 * block + 5), (2, LARGE // 2)):
+            n = parts * part
+            x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-30, 30, n)).astype(F32)
+            for k, inverse in enumerate((False, True)):
+                want = x.copy()
+                _C.rotate(want, np.full(parts, part, dtype=np.uint64), block, inverse)
+                dev = kernels.buf(4 * n, 4 * k, x)
+                kernels.rotate(dev.ptr, n, part, block, inverse)
+                where = f"rotate block={block} {parts} x {part} inverse={inverse}"
+                assert_same(dev.get(F32), want, "f32", where)
+
     # -- the host side's checks, before any launch
     def test_bad_arguments_raise_before_a_launch(self, kernels: Kernels) -> None:
         n = 1024
@@ -462,6 +481,10 @@ class KernelChecks:
             kernels.encode(KIND_CODES["user"], 64, 0, dev.ptr, dev.ptr, n)
         with pytest.raises(InvalidUsageError, match="unknown op code"):
             kernels.reduce(0, 17, dev.ptr, 0, dev.ptr, dev.ptr, n, 0)
+        with pytest.raises(InvalidUsageError, match="not parts of 1000"):
+            kernels.rotate(dev.ptr, n, 1000, 32, False)
+        with pytest.raises(InvalidUsageError, match=r"blocks of 512 \(1 to 256\)"):
+            kernels.rotate(dev.ptr, n, n, 512, False)
         assert (dev.get(F32) == 0).all(), "a refused call wrote"
         # a correct call after the errors gives the right answer
         run_reduce(kernels, "float32", "sum", 4099, (0, 0, 0), with_dst2=False, divisor=0,

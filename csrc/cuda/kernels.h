@@ -36,4 +36,9 @@ void check_codec(const CodecSpec& codec);
 void encode(const CodecSpec& codec, const codec::EncodeArgs& a, cudaStream_t stream);
 void decode(const CodecSpec& codec, const codec::DecodeArgs& a, cudaStream_t stream);
 
+// The randomized Hadamard rotation (kernels/rotation.h) of x's n float32 values in place: parts of `part`
+// elements (n a whole number of them), each in blocks of `block` from its start; forward or back (inverse).
+// The same bits as cpu::rotate.
+void rotate(float* x, uint64_t n, uint64_t part, uint32_t block, bool inverse, cudaStream_t stream);
+
 }  // namespace pycoll::cuda

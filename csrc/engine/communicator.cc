@@ -1,7 +1,10 @@
 #include "engine/communicator.h"
 
+#include <cstring>
+#include <string>
 #include <utility>
 
+#include "cpu/rotation.h"
 #include "engine/cpu_group_backend.h"
 #include "engine/descriptor.h"
 #include "engine/op_semantics.h"
@@ -49,6 +52,7 @@ size_t Communicator::run(const Call& c) {
   const DType type = static_cast<DType>(c.dtype);
   const cpu::Codec* const codec = c.codec.get();
   const bool widen = codec && type != DType::kFloat32;
+  const bool rotate = codec && c.rotation_block > 0;
   if (codec && !compressible(type, static_cast<RedOp>(c.op))) throw Error(ErrorKind::kInvalidUsage, kNotCompressible);
   RunArgs args;
   args.input = reinterpret_cast<const void*>(c.input);
@@ -62,32 +66,54 @@ size_t Communicator::run(const Call& c) {
   args.seed = c.seed;
   std::lock_guard<std::mutex> lock(mu_);
   args.stamp = skew_->enter();
-  if (widen)
-    widened(c, args, codec);
+  if (widen || rotate)
+    staged(c, args, codec);
   else
     execute(plan, args, codec, c.program.get());
   return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
 }
 
-// A compressed collective of float16 / bfloat16 data: on float32 copies, the output rounded back at the
-// end. An all-reduce works in place on one copy; a reduce-scatter reads a copy of its input (world chunks)
-// and writes a float32 output of its own.
-void Communicator::widened(const Call& c, RunArgs& args, const cpu::Codec* codec) {
+// A compressed collective on float32 work copies: float16 / bfloat16 data widened (the output rounded back
+// once at the end), and with a rotation the input rotated and the output rotated back (kernels/rotation.h;
+// the plan runs unchanged on rotated values, which sum as the values do). In place, on one copy (a float32
+// call rotates the caller's buffer itself, which is its output); out of place, on a copy of the input, and
+// a float32 call writes the caller's output directly and rotates it back there.
+void Communicator::staged(const Call& c, RunArgs& args, const cpu::Codec* codec) {
   const NativePlan& plan = *c.plan;
   const DType type = static_cast<DType>(c.dtype);
-  const uint16_t* in = static_cast<const uint16_t*>(args.input);
-  uint16_t* out = static_cast<uint16_t*>(args.output);
+  const bool widen = type != DType::kFloat32, rotate = c.rotation_block > 0;
   const size_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
   const bool in_place = args.input == args.output;
-  work_.resize(in_place ? n_in : n_in + n_out);
-  float* const w_in = work_.data();
-  float* const w_out = in_place ? w_in : w_in + n_in;
+  if (rotate) check_parts(c.rotate_input, n_in, "input"), check_parts(c.rotate_output, n_out, "output");
+  const bool own_in = widen || !in_place, own_out = widen;
+  work_.resize((own_in ? n_in : 0) + (own_out && !in_place ? n_out : 0));
+  float* const w_in = own_in ? work_.data() : static_cast<float*>(args.output);
+  float* const w_out = in_place ? w_in : (own_out ? work_.data() + n_in : static_cast<float*>(args.output));
   const bool half = type == DType::kFloat16;
-  for (size_t i = 0; i < n_in; ++i) w_in[i] = half ? half_to_float(in[i]) : bf16_to_float(in[i]);
+  if (widen) {
+    const uint16_t* in = static_cast<const uint16_t*>(args.input);
+    for (size_t i = 0; i < n_in; ++i) w_in[i] = half ? half_to_float(in[i]) : bf16_to_float(in[i]);
+  } else if (own_in) {
+    std::memcpy(w_in, args.input, n_in * 4);
+  }
+  if (rotate) cpu::rotate(w_in, c.rotate_input.data(), c.rotate_input.size(), c.rotation_block, false);
   args.input = w_in;
   args.output = w_out;
   execute(plan, args, codec, c.program.get());
-  for (size_t i = 0; i < n_out; ++i) out[i] = half ? float_to_half(w_out[i]) : float_to_bf16(w_out[i]);
+  if (rotate) cpu::rotate(w_out, c.rotate_output.data(), c.rotate_output.size(), c.rotation_block, true);
+  if (widen) {
+    uint16_t* out = reinterpret_cast<uint16_t*>(c.output);
+    for (size_t i = 0; i < n_out; ++i) out[i] = half ? float_to_half(w_out[i]) : float_to_bf16(w_out[i]);
+  }
+}
+
+// Throws unless `parts` add up to a buffer of `n` elements (`what`: input or output).
+void Communicator::check_parts(const std::vector<uint64_t>& parts, size_t n, const char* what) {
+  uint64_t total = 0;
+  for (uint64_t p : parts) total += p;
+  if (total != n)
+    throw Error(ErrorKind::kInternal, std::string("the rotation's ") + what + " parts add up to " +
+                                          std::to_string(total) + " elements, the buffer holds " + std::to_string(n));
 }
 
 void Communicator::execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec,

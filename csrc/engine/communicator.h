@@ -59,6 +59,11 @@ struct Call {
   int64_t codec_id = 0;
   uintptr_t residual = 0;
   uint64_t seed = 0;
+  // A codec with a rotation (kernels/rotation.h): the collective runs on rotated copies of its buffers, in
+  // blocks of `rotation_block` elements (0: no rotation) from the start of each of INPUT's and OUTPUT's
+  // parts (element counts, one after another: pycoll/call.py codec_parts).
+  uint32_t rotation_block = 0;
+  std::vector<uint64_t> rotate_input, rotate_output;
   double timeout_s = 0;
   // With a program: run the grouped executor over this transport instead of the fragment executor.
   std::shared_ptr<GroupedProgram> program;
@@ -78,8 +83,9 @@ class Communicator {
   explicit Communicator(const CommunicatorConfig& config);
 
   // Runs one collective, the only way in. `codec` (null for plain collectives) encodes the messages of a
-  // compressed all-reduce or reduce-scatter; its plan works on float32, so float16 / bfloat16 buffers are widened into
-  // a work buffer first and rounded back once at the end (accumulation is always float32). With `gpu`, the call is on
+  // compressed collective; its plan works on float32, so float16 / bfloat16 buffers are widened into a work buffer
+  // first and rounded back once at the end (accumulation is always float32), and with a rotation the buffers are
+  // rotated first and rotated back at the end (staged). With `gpu`, the call is on
   // GPU memory and host-staged: enqueued on its stream, the host waiting for that stream at every group. Collectives of
   // one communicator run one at a time. Returns the number of straggler events waiting (SkewRecorder; none for GPU
   // memory).
@@ -100,7 +106,8 @@ class Communicator {
   // The fragment executor, or with a program the grouped executor (over this transport and the CPU loops:
   // how the CPU tests check the programs GPUs run over NCCL).
   void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
-  void widened(const Call& c, RunArgs& args, const cpu::Codec* codec);
+  void staged(const Call& c, RunArgs& args, const cpu::Codec* codec);
+  static void check_parts(const std::vector<uint64_t>& parts, size_t n, const char* what);
 #if PYCOLL_WITH_CUDA
   size_t run_device(const Call& c);
 #endif
@@ -111,7 +118,7 @@ class Communicator {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<SkewRecorder> skew_;
   std::mutex mu_;
-  std::vector<float> work_;  // float32 copies of a float16 / bfloat16 collective's buffers, with a codec
+  std::vector<float> work_;  // float32 (rotated) copies of a compressed collective's buffers (staged)
   std::function<void()> on_idle_;
   std::vector<uint8_t> staging_, encoded_;  // grouped programs' staging and kEncoded buffers
 };

@@ -52,11 +52,13 @@ struct Descriptor {
   }
 };
 
-// A codec's wire id spelled out: kind in the low byte, rounding in the next, block size above
+// A codec's wire id spelled out: kind in the low byte, rounding in the next (its rotation in that byte's high
+// nibble), block size above
 // (pycoll/compression/codecs.py builds the same ids); user codecs carry a hash of their definition.
 inline std::string codec_name(int64_t id) {
   const int kind = static_cast<int>(id & 0xff);
-  const int rounding = static_cast<int>((id >> 8) & 0xff);
+  const int rounding = static_cast<int>((id >> 8) & 0xf);
+  const bool hadamard = ((id >> 12) & 0xf) == 1;  // codec::Rotation::kHadamard
   const long long block = static_cast<long long>(id >> 16);
   switch (kind) {
     case 1:
@@ -66,7 +68,7 @@ inline std::string codec_name(int64_t id) {
     case 3:
     case 4:
       return std::string(kind == 3 ? "int8" : "int4") + "(block=" + std::to_string(block) +
-             (rounding ? ", stochastic)" : ")");
+             (rounding ? ", stochastic" : "") + (hadamard ? ", hadamard)" : ")");
     case 15: {
       char hex[32];
       std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(block));

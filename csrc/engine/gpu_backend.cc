@@ -154,18 +154,20 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(c.stream);
   const bool compressed = c.codec.kind != codec::Kind::kNone;
   const bool widen = compressed && c.dtype != DType::kFloat32;
+  const bool rotate = compressed && c.rotation_block > 0;
   if (compressed && !compressible(c.dtype, c.op)) throw Error(ErrorKind::kInvalidUsage, kNotCompressible);
-  // Workspace layout: staging | kEncoded | float32 copies of float16 / bfloat16 data (an all-reduce's one
-  // buffer; a reduce-scatter's input, then its output).
+  // Workspace layout: staging | kEncoded | float32 work copies (Communicator::staged on the CPU): of the input
+  // when it is widened, or rotated out of place; then of the output when it is widened out of place.
   const uint64_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
   const bool in_place = c.input == c.output;
+  const bool own_in = widen || (rotate && !in_place), own_out = widen && !in_place;
   const uint64_t staging = align_up(program.staging_bytes);
   const EncodedLayout layout =
       compressed ? encoded_layout(plan, c.block_elems, c.block_bytes,
                                   [&](uint64_t n) { return codec::encoded_bytes(c.codec.kind, c.codec.block, n); })
                  : EncodedLayout{};
   const uint64_t encoded = compressed ? align_up(layout.size(n_out)) : 0;
-  const uint64_t wide = widen ? align_up((in_place ? n_in : n_in + n_out) * 4) : 0;
+  const uint64_t wide = align_up(((own_in ? n_in : 0) + (own_out ? n_out : 0)) * 4);
   uint8_t* ws = workspace_.acquire(staging + encoded + wide, stream);
   // Also when enqueuing fails part-way: what was enqueued uses the workspace, the next call must wait for it.
   struct ReleaseOnError {
@@ -195,16 +197,21 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   CodecSpec cast;
   cast.kind = c.dtype == DType::kFloat16 ? codec::Kind::kFp16 : codec::Kind::kBf16;
   float* const work = reinterpret_cast<float*>(ws + staging + encoded);
-  float* const work_out = in_place ? work : work + n_in;
+  float* const work_in = own_in ? work : reinterpret_cast<float*>(c.input);
+  float* const work_out = in_place ? work_in : own_out ? work + n_in : reinterpret_cast<float*>(c.output);
   if (widen) {
     codec::DecodeArgs d;
     d.in = reinterpret_cast<const uint8_t*>(c.input);
     d.dst = work;
     d.n = n_in;
     cuda::decode(cast, d, stream);
-    g.input = work;
-    g.output = work_out;
+  } else if (own_in) {
+    PYCOLL_CHECK_CUDA(
+        cudaMemcpyAsync(work_in, reinterpret_cast<const void*>(c.input), n_in * 4, cudaMemcpyDeviceToDevice, stream));
   }
+  if (rotate) cuda::rotate(work_in, n_in, c.rotate_input_part, c.rotation_block, false, stream);
+  g.input = work_in;
+  g.output = work_out;
   if (compressed) {
     g.compressed = true;
     g.block_elems = c.block_elems;
@@ -221,6 +228,7 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
     NcclGroupBackend backend(*comm_, stream, spec);
     GroupedExecutor::run(plan, program, g, backend);
   }
+  if (rotate) cuda::rotate(work_out, n_out, c.rotate_output_part, c.rotation_block, true, stream);
   if (widen) {
     codec::EncodeArgs e;
     e.src = work_out;

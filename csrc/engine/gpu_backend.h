@@ -118,6 +118,10 @@ class GpuCommunicator {
     uint32_t block_elems = 1, block_bytes = 1;
     uintptr_t residual = 0;
     uint64_t seed = 0;
+    // A codec with a rotation (kernels/rotation.h): blocks of `rotation_block` elements (0: none) from the start
+    // of each part of INPUT and of OUTPUT, parts of these sizes (cuda::rotate).
+    uint32_t rotation_block = 0;
+    uint64_t rotate_input_part = 0, rotate_output_part = 0;
     uintptr_t stream = 0;
     uint64_t seq = 0;  // the collective's number; 0: this communicator counts its own
   };

@@ -110,6 +110,9 @@ void bind_gpu(py::module_& m) {
       .def_readwrite("block_bytes", &Call::block_bytes)
       .def_readwrite("residual", &Call::residual)
       .def_readwrite("seed", &Call::seed)
+      .def_readwrite("rotation_block", &Call::rotation_block)
+      .def_readwrite("rotate_input_part", &Call::rotate_input_part)
+      .def_readwrite("rotate_output_part", &Call::rotate_output_part)
       .def_readwrite("stream", &Call::stream);
   py::class_<cuda::GpuCommunicator, std::shared_ptr<cuda::GpuCommunicator>>(gpu, "GpuCommunicator")
       .def(py::init([](PyComm& nccl) { return std::make_shared<cuda::GpuCommunicator>(nccl.shared()); }),

@@ -93,6 +93,17 @@ inline void def_kernels(pybind11::module_& c, CheckPointers check_pointers) {
       py::arg("kind"), py::arg("block"), py::arg("rounding"), py::arg("data"), py::arg("dst"), py::arg("n"),
       py::arg("acc") = 0, py::arg("residual") = 0, py::arg("divisor") = 0, py::arg("stream") = 0,
       "dst = [acc (+ residual) +] decoded, then / divisor (see pycoll._C.Codec.decode); enqueued on `stream`");
+
+  c.def(
+      "rotate",
+      [check_pointers](uintptr_t x, uint64_t n, uint64_t part, uint32_t block, bool inverse, uintptr_t stream) {
+        py::gil_scoped_release release;
+        if (n > 0) check_pointers({{x, "x"}});
+        cuda::rotate(reinterpret_cast<float*>(x), n, part, block, inverse, as_stream(stream));
+      },
+      py::arg("x"), py::arg("n"), py::arg("part"), py::arg("block"), py::arg("inverse") = false, py::arg("stream") = 0,
+      "rotates n float32 values at x in place (see pycoll._C.rotate): parts of `part` elements, blocks of `block`; "
+      "enqueued on `stream`");
 }
 
 }  // namespace pycoll::python

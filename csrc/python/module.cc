@@ -14,6 +14,7 @@
 
 #include "cpu/codec.h"
 #include "cpu/reduce.h"
+#include "cpu/rotation.h"
 #include "engine/communicator.h"
 #include "engine/descriptor.h"
 #include "engine/grouped_executor.h"
@@ -93,6 +94,9 @@ void for_each_call_field(F&& f) {
   f("codec_id", &Call::codec_id);
   f("residual", &Call::residual);
   f("seed", &Call::seed);
+  f("rotation_block", &Call::rotation_block);
+  f("rotate_input", &Call::rotate_input);
+  f("rotate_output", &Call::rotate_output);
   f("timeout_s", &Call::timeout_s);
   f("program", &Call::program);
   f("skew", &Call::skew);
@@ -210,6 +214,20 @@ void codec_decode(const cpu::Codec& c, py::handle in, py::handle dst, py::handle
   c.decode(a);
 }
 
+// The rotation's CPU loop on a float32 numpy array, in place (tests and pycoll.compression.rotate).
+void rotate_array(py::handle x, py::handle parts, uint32_t block, bool inverse) {
+  float* data = array_data<float>(x, "x");
+  if (py::reinterpret_borrow<py::array>(x).itemsize() != 4) throw Error(ErrorKind::kInvalidUsage, "x must be float32");
+  const uint64_t* counts = array_data<uint64_t>(parts, "parts");
+  const size_t n_parts = array_items(parts);
+  uint64_t total = 0;
+  for (size_t p = 0; p < n_parts; ++p) total += counts[p];
+  if (total != array_items(x)) throw Error(ErrorKind::kInvalidUsage, "parts must add up to x's elements");
+  if (block < 1) throw Error(ErrorKind::kInvalidUsage, "block must be >= 1");
+  py::gil_scoped_release release;
+  cpu::rotate(data, counts, n_parts, block, inverse);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -225,6 +243,9 @@ PYBIND11_MODULE(_C, m) {
   py::dict error_kinds;
   for (int k = 0; k < kNumErrorKinds; ++k) error_kinds[kErrorKindNames[k]] = k;
   m.attr("ERROR_KINDS") = error_kinds;
+  m.def("rotate", &rotate_array, py::arg("x"), py::arg("parts"), py::arg("block"), py::arg("inverse"),
+        "rotates float32 x in place (csrc/kernels/rotation.h): parts (uint64 element counts) one after another, "
+        "each in blocks of `block` from its start");
   m.def("reduce_isa", &cpu::reduce_isa, "instruction set of the CPU reduce loops in use");
   // The data address of a numpy array, without the dict that __array_interface__ builds on every call.
   m.def("array_address", [](py::handle obj) {

@@ -31,6 +31,15 @@ chunk's owner and kept there) lands within, per element of the owner's chunk c,
 where each q is taken over the blocks of the chunk (they start at the chunk; its last may be short).
 There is no term for the result: the owner does not encode its sum. ``reduce_scatter_bound`` computes
 it; for avg the result times the world size is held to it.
+
+With a rotation (``codec.rotation``, csrc/kernels/rotation.h) an encode quantizes y = 2^-ceil(k/2) H D x
+over each piece of 2^k elements and the result is rotated back by D 2^-floor(k/2) H, whose entries are
+2^-floor(k/2) in magnitude. A rotated-domain error of at most e per element of the piece (e: half a step
+of the rotated block's absmax) moves element i by at most 2^-floor(k/2) * 2^k * e = 2^ceil(k/2) * e, and
+the butterflies' roundings (k additions each way) by at most about 2k * 2**-24 * A, A the sum of |x| over
+the piece. So ``quantization_bound`` is 2^ceil(k/2) * e + (2k + 4) * 2**-24 * (A + 2^k * that), and
+the additions' rounding terms above count A (``magnitude``) instead of |x|: sums are taken in the
+rotated domain, where an element carries its whole piece.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pycoll.compression.codecs import Codec
+from pycoll.compression.codecs import Codec, rotate
 
 __all__ = [
     "CAST_ROUNDOFF",
@@ -47,6 +56,7 @@ __all__ = [
     "SumBound",
     "block_absmax",
     "error_bound",
+    "magnitude",
     "quantization_bound",
     "reduce_scatter_bound",
 ]
@@ -80,14 +90,57 @@ def _check_codec(codec: Codec) -> None:
                         f"with step_bound()")
 
 
+def _pieces(n: int, block: int) -> np.ndarray:
+    """Per element of a part of n elements: the length 2^k of its rotation piece (csrc/kernels/rotation.h:
+    each block of ``block`` elements cut into the binary digits of its length, the largest first)."""
+    out = np.empty(n, dtype=np.int64)
+    for b0 in range(0, n, block):
+        at, m = b0, min(block, n - b0)
+        while at < b0 + m:
+            length = 1 << ((b0 + m - at).bit_length() - 1)
+            out[at:at + length] = length
+            at += length
+    return out
+
+
+def _piece_sums(a: np.ndarray, pieces: np.ndarray) -> np.ndarray:
+    """Per element: the sum of ``a`` over its piece (``pieces`` from ``_pieces``)."""
+    out = np.empty_like(a)
+    at = 0
+    while at < a.size:
+        length = int(pieces[at])
+        out[at:at + length] = a[at:at + length].sum()
+        at += length
+    return out
+
+
+def magnitude(codec: Codec, x: np.ndarray) -> np.ndarray:
+    """Per element: what float32 additions on it are relative to: |x|, and with a rotation the sum of |x|
+    over its piece (the additions happen in the rotated domain; module docstring)."""
+    a = np.abs(np.asarray(x, dtype=np.float64)).reshape(-1)
+    if getattr(codec, "rotation", None) is None:
+        return a
+    return _piece_sums(a, _pieces(a.size, codec.block_elems))
+
+
 def quantization_bound(codec: Codec, x: np.ndarray) -> np.ndarray:
-    """Per element: the most one encode of ``x`` (float32) can move each element (float64)."""
+    """Per element: the most one encode of ``x`` (float32; one part, its blocks from its start) can move
+    each element (float64), the codec's rotation included."""
     _check_codec(codec)
     if codec.kind in CAST_ROUNDOFF:
-        magnitude = np.abs(np.asarray(x, dtype=np.float64)).reshape(-1)
-        return CAST_ROUNDOFF[codec.kind] * magnitude + CAST_SUBNORMAL[codec.kind]
+        size = np.abs(np.asarray(x, dtype=np.float64)).reshape(-1)
+        return CAST_ROUNDOFF[codec.kind] * size + CAST_SUBNORMAL[codec.kind]
     step_bound = getattr(codec, "step_bound")  # noqa: B009 (block codecs only; checked above)
-    return np.asarray(step_bound(block_absmax(x, codec.block_elems)), dtype=np.float64)
+    if getattr(codec, "rotation", None) is None:
+        return np.asarray(step_bound(block_absmax(x, codec.block_elems)), dtype=np.float64)
+    src = np.asarray(x, dtype=np.float32).reshape(-1)
+    block = codec.block_elems
+    pieces = _pieces(src.size, block)
+    k = np.log2(np.maximum(pieces, 1)).astype(np.int64)
+    rotated_absmax = block_absmax(rotate(src, [src.size], block), block)
+    rotated_step = np.asarray(step_bound(rotated_absmax), dtype=np.float64)
+    bound = 2.0 ** ((k + 1) // 2) * rotated_step
+    return bound + (2 * k + 4) * F32_U * (magnitude(codec, src) + pieces * bound)
 
 
 class SumBound:
@@ -114,7 +167,7 @@ class SumBound:
         x = np.asarray(x, dtype=np.float32).reshape(-1)
         if x.size != self.total_abs.size:
             raise ValueError(f"expected {self.total_abs.size} elements, got {x.size}")
-        self.total_abs += np.abs(x)
+        self.total_abs += magnitude(self.codec, x)
         self.inputs += quantization_bound(self.codec, x)
         self.world += 1
 
@@ -129,11 +182,25 @@ class SumBound:
         if algorithm not in _TWO_SHOT:
             if self.codec.kind in CAST_ROUNDOFF:
                 partial = CAST_ROUNDOFF[self.codec.kind] * self.total_abs + CAST_SUBNORMAL[self.codec.kind]
+            elif getattr(self.codec, "rotation", None) is not None:
+                partial = self._rotated_partial()
             else:
                 partial = quantization_bound(self.codec, self.total_abs.astype(np.float32))
             bound += (self.world - 1) * 1.01 * partial
         bound += 4 * self.world * F32_U * (self.total_abs + bound)
         return bound
+
+    def _rotated_partial(self) -> np.ndarray:
+        """One re-encode of a partial sum with a rotation: a rotated element of a piece of 2^k is at most
+        2^-ceil(k/2) times the piece's sum of |partial| <= total_abs (a piece sum already), so the block's
+        rotated absmax is at most the largest of these over the block (module docstring)."""
+        block = self.codec.block_elems
+        pieces = _pieces(self.total_abs.size, block)
+        k = np.log2(np.maximum(pieces, 1)).astype(np.int64)
+        rotated_absmax = block_absmax(2.0 ** -((k + 1) // 2) * self.total_abs, block)
+        step_bound = getattr(self.codec, "step_bound")  # noqa: B009 (a block codec: it has a rotation)
+        bound = 2.0 ** ((k + 1) // 2) * np.asarray(step_bound(rotated_absmax), dtype=np.float64)
+        return bound + (2 * k + 4) * F32_U * (self.total_abs + pieces * bound)
 
 
 def error_bound(codec: Codec, algorithm: str, inputs: Iterable[np.ndarray], result: np.ndarray) -> np.ndarray:
@@ -160,5 +227,8 @@ def reduce_scatter_bound(codec: Codec, inputs: Iterable[np.ndarray], owner: int)
     for s, chunk in enumerate(chunks):
         if s != owner:
             bound += quantization_bound(codec, chunk)
-    total_abs = np.sum([np.abs(c.astype(np.float64)) for c in chunks], axis=0)
+    total_abs = np.sum([magnitude(codec, c) for c in chunks], axis=0)
+    if getattr(codec, "rotation", None) is not None:  # the owner's own share, rotated and rotated back
+        k = np.log2(np.maximum(_pieces(m, codec.block_elems), 1))
+        bound += (2 * k + 4) * F32_U * magnitude(codec, chunks[owner])
     return bound + 2 * world * F32_U * (total_abs + bound)

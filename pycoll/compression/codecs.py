@@ -15,6 +15,12 @@ Wire bytes per element, scales included (float32 input is 4 bytes per element):
 int8 and int4 scale each block of B elements by its largest magnitude (symmetric: codes -127..127 and
 -7..7). Rounding is "nearest" (round half to even) or "stochastic" (unbiased; reproducible from
 ``seed``: the same seed and the same sequence of calls give the same bits).
+
+``rotation="hadamard"`` (int8, int4): a collective runs on rotated copies of its buffers, each codec block
+multiplied by a fixed randomized Hadamard matrix (csrc/kernels/rotation.h), and its output is rotated back.
+Outliers spread over their block, so its absmax and every element's step shrink (SDP4Bit, NeurIPS 2024:
+int4 final-loss gaps of 0.06-0.19% with it against 0.4-1.2% without). The wire format is the codec's own;
+``encode`` / ``decode`` are the wire codec, ``roundtrip`` includes the rotation.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ import numpy as np
 
 from pycoll.call import COMPRESSIBLE_DTYPES
 from pycoll.codes import KIND_CODES as KIND_CODES  # (re-exported: the codes live in pycoll.codes)
+from pycoll.codes import ROTATION_CODES as ROTATION_CODES
 from pycoll.codes import ROUNDING_CODES as ROUNDING_CODES
 from pycoll.errors import InvalidUsageError
 
 SCALE_BYTES = 4
 MIN_BLOCK, MAX_BLOCK = 8, 4096
+#: The largest block a rotation takes (csrc/kernels/rotation.h kMaxRotationBlock).
+MAX_ROTATION_BLOCK = 256
 
 #: Input dtypes every codec accepts (accumulation is always float32): pycoll.call's rule.
 CODEC_DTYPES = COMPRESSIBLE_DTYPES
@@ -54,6 +63,8 @@ class Codec:
     kind: str = "user"
     rounding: str = "nearest"
     seed: int = 0
+    #: None, or "hadamard": the collective's buffers are rotated around the codec (module docstring).
+    rotation: str | None = None
 
     def __init__(self) -> None:
         self._native: Any = None
@@ -125,9 +136,25 @@ class Codec:
         return dst
 
     def roundtrip(self, x: np.ndarray) -> np.ndarray:
-        """decode(encode(x)): what one quantization does to ``x``."""
+        """What one quantization does to ``x`` (one part): decode(encode(x)), and with a rotation, x rotated
+        first and rotated back after."""
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        return self.decode(self.encode(x), x.size)
+        if self.rotation is None:
+            return self.decode(self.encode(x), x.size)
+        block = self.block_elems
+        rotated = rotate(x, [x.size], block)
+        return rotate(self.decode(self.encode(rotated), x.size), [x.size], block, inverse=True)
+
+
+def rotate(x: np.ndarray, parts: Any, block: int, inverse: bool = False) -> np.ndarray:
+    """A copy of float32 ``x`` rotated as a collective's buffer is (``parts``: element counts, one after
+    another, each cut in codec blocks of ``block`` from its start; ``inverse``: rotated back)."""
+    out = np.array(x, dtype=np.float32, copy=True).reshape(-1)
+    counts = np.ascontiguousarray(parts, dtype=np.uint64)
+    if int(counts.sum()) != out.size:
+        raise InvalidUsageError(f"parts {list(parts)} do not add up to {out.size} elements")
+    _native_module().rotate(out, counts, int(block), bool(inverse))
+    return out
 
 
 def _native_module() -> Any:
@@ -175,7 +202,9 @@ class _Blockwise(Codec):
     qmax = 0
     default_block = 0
 
-    def __init__(self, block: int | None = None, rounding: str = "nearest", seed: int = 0) -> None:
+    def __init__(
+        self, block: int | None = None, rounding: str = "nearest", seed: int = 0, rotation: str | None = None
+    ) -> None:
         super().__init__()
         block = self.default_block if block is None else block
         if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or not (
@@ -186,15 +215,25 @@ class _Blockwise(Codec):
             raise InvalidUsageError(f"rounding must be one of {', '.join(ROUNDING_CODES)}, got {rounding!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
             raise InvalidUsageError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        if rotation not in ROTATION_CODES:
+            raise InvalidUsageError(f"rotation must be None or 'hadamard', got {rotation!r}")
+        if rotation is not None and block > MAX_ROTATION_BLOCK:
+            raise InvalidUsageError(
+                f"rotation={rotation!r} takes blocks of at most {MAX_ROTATION_BLOCK} elements, got {block}"
+            )
         self.block = int(block)
         self.rounding = rounding
         self.seed = int(seed)
+        self.rotation = rotation
         extra = "" if rounding == "nearest" else f", rounding={rounding!r}, seed={seed}"
+        extra += "" if rotation is None else f", rotation={rotation!r}"
         self.name = f"{self.kind}(block={self.block}{extra})"
 
     @property
     def wire_id(self) -> int:
-        return KIND_CODES[self.kind] | ROUNDING_CODES[self.rounding] << 8 | self.block << 16
+        """Kind in the low byte, rounding in the next (rotation in its high nibble), block above."""
+        modes = ROUNDING_CODES[self.rounding] | ROTATION_CODES[self.rotation] << 4
+        return KIND_CODES[self.kind] | modes << 8 | self.block << 16
 
     def _make_native(self) -> Any:
         kind, rounding = KIND_CODES[self.kind], ROUNDING_CODES[self.rounding]

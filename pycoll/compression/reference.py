@@ -307,3 +307,76 @@ def decode(codec: Any, data: np.ndarray, n: int, acc: np.ndarray | None = None,
         if residual is not None:
             residual.reshape(-1)[:] = 0
     return np.array(v, dtype=F32, copy=True).reshape(-1)
+
+
+# ---- the randomized Hadamard rotation (csrc/kernels/rotation.h) ------------------------------------------
+
+ROTATION_KEY = 0x2545F491
+
+
+def _piece_signs(length: int) -> np.ndarray:
+    """D of a piece: True where position j is negated (mix32(j ^ key) odd)."""
+    return (mix32(np.arange(length, dtype=U32) ^ U32(ROTATION_KEY)) & U32(1)).astype(bool)
+
+
+def _rotate_pieces(x: np.ndarray, inverse: bool) -> np.ndarray:
+    """rotate_piece on each row of x ([r, 2^k] float32): the butterflies stage by stage, then the scale."""
+    r, length = x.shape
+    k = length.bit_length() - 1
+    flips = _piece_signs(length)
+    v = np.where(flips, -x, x) if not inverse else x.copy()
+    h = 1
+    while h < length:
+        pairs = v.reshape(r, length // (2 * h), 2, h)
+        a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        v = np.stack([a + b, a - b], axis=2).reshape(r, length)
+        h *= 2
+    v = v * F32(2.0 ** -(k // 2 if inverse else (k + 1) // 2))
+    return np.where(flips, -v, v) if inverse else v
+
+
+def _rotate_blocks(x: np.ndarray, inverse: bool) -> np.ndarray:
+    """rotate_block on each row of x ([r, m]): its pieces, the binary digits of m from the largest."""
+    out, at, m = np.empty_like(x), 0, x.shape[1]
+    while at < m:
+        length = 1 << ((m - at).bit_length() - 1)
+        out[:, at:at + length] = _rotate_pieces(x[:, at:at + length], inverse)
+        at += length
+    return out
+
+
+def rotate(x: np.ndarray, parts: Any, block: int, inverse: bool = False) -> np.ndarray:
+    """A rotated copy of float32 ``x``: ``parts`` (element counts, summing to x.size) one after another,
+    each cut in blocks of ``block`` from its start; forward, or back with ``inverse``."""
+    src = np.asarray(x, dtype=F32).reshape(-1)
+    if sum(parts) != src.size:
+        raise InvalidUsageError(f"parts {list(parts)} do not add up to {src.size} elements")
+    out = np.empty_like(src)
+    at = 0
+    with np.errstate(all="ignore"):
+        for n in parts:
+            full, rest = divmod(int(n), block)
+            if full:
+                rows = src[at:at + full * block].reshape(full, block)
+                out[at:at + full * block] = _rotate_blocks(rows, inverse).reshape(-1)
+            if rest:
+                tail = src[at + full * block:at + n].reshape(1, rest)
+                out[at + full * block:at + n] = _rotate_blocks(tail, inverse).reshape(-1)
+            at += int(n)
+    return out
+
+
+def roundtrip(codec: Any, x: np.ndarray, parts: Any = None) -> np.ndarray:
+    """What one quantization does to float32 ``x`` (round to nearest): decode(encode(x)) per message, and
+    with the codec's rotation on ``parts`` (default: x is one part), rotated first and rotated back."""
+    src = np.asarray(x, dtype=F32).reshape(-1)
+    if getattr(codec, "rotation", None) is None:
+        return encode(codec, src)[1]
+    parts = [src.size] if parts is None else list(parts)
+    block = int(codec.block)
+    rotated = rotate(src, parts, block)
+    at, decoded = 0, np.empty_like(src)
+    for n in parts:  # each part is a message of its own, encoded in blocks from its start
+        decoded[at:at + n] = encode(codec, rotated[at:at + n])[1]
+        at += n
+    return rotate(decoded, parts, block, inverse=True)

@@ -1,8 +1,8 @@
 """pycoll's CUDA kernels, run on the CPU by an emulation of the CUDA execution model (for tests).
 
-The kernels of ``csrc/cuda`` (reduce, and the fp16 / bf16 / int8 / int4 codecs) are compiled a second time
-by the host compiler, unchanged, against a small emulation of CUDA threads, warps, blocks and grids
-(``csrc/cuda/emulation``): grid-stride loops, head / vector / tail paths, vector loads and the warp
+The kernels of ``csrc/cuda`` (reduce, the fp16 / bf16 / int8 / int4 codecs, the rotation) are compiled a
+second time by the host compiler, unchanged, against a small emulation of CUDA threads, warps, blocks and
+grids (``csrc/cuda/emulation``): grid-stride loops, head / vector / tail paths, vector loads and the warp
 shuffles all execute, on every machine, GPU or not. The calling convention is the CPU codecs' (the
 oracle the results must match bit for bit)::
 
@@ -223,4 +223,16 @@ def reduce(op: str, inputs: Sequence[Any], out: Any, *, device: Mapping[str, Any
     for k, b in enumerate(srcs[1:], start=2):
         kernels.reduce(dst.code, code, dst.ptr, 0, a, b.ptr, dst.count, divisor if k == len(srcs) else 0)
         a = dst.ptr
+    return out
+
+
+def rotate(x: Any, part: int, block: int, *, inverse: bool = False,
+           device: Mapping[str, Any] | None = None) -> np.ndarray:
+    """``pycoll.compression.rotate(x, [part] * (x.size // part), block, inverse)`` by the emulated rotate
+    kernel (parts of one size, as on GPU memory): a rotated copy of float32 ``x``."""
+    out = np.array(x, dtype=np.float32, copy=True).reshape(-1)
+    part, block = _count(part, "part", 2**63), _count(block, "block", 2**32)
+    if out.size and (part < 1 or out.size % part):
+        raise InvalidUsageError(f"x holds {out.size} values, not a whole number of parts of {part}")
+    native(device).rotate(out.ctypes.data, out.size, max(part, 1), block, bool(inverse))
     return out

@@ -80,6 +80,9 @@ class GpuKernels:
     def decode(self, kind: int, block: int, rounding: int, data: int, dst: int, n: int, **kw: Any) -> None:
         _C.cuda.decode(kind, block, rounding, data, dst, n, stream=stream(), **kw)
 
+    def rotate(self, x: int, n: int, part: int, block: int, inverse: bool) -> None:
+        _C.cuda.rotate(x, n, part, block, inverse, stream())
+
 
 GPU = GpuKernels()
 

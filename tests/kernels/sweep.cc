@@ -29,6 +29,7 @@
 #include "check.h"
 #include "cpu/codec.h"
 #include "cpu/reduce.h"
+#include "cpu/rotation.h"
 #include "cuda/emulation/emulation.h"
 #include "cuda/kernels.h"
 #include "guarded.h"
@@ -246,6 +247,7 @@ class Sweep {
   void reduce_all();
   void encode_all();
   void decode_all();
+  void rotate_all();
   void bad_input();
   void report(int selftests, double selftest_seconds) const;
 
@@ -265,12 +267,13 @@ class Sweep {
   void reduce_case(DType dt, RedOp op, size_t n, const size_t (&off)[3], bool dst2, bool in_place, int divisor, Rng& r);
   void encode_case(const Spec& s, size_t n, int variant, size_t foff, size_t woff, Rng& r);
   void decode_case(const Spec& s, size_t n, int variant, size_t foff, size_t woff, bool arbitrary, Rng& r);
+  void rotate_case(uint32_t block, size_t part, size_t parts, bool inverse, size_t off, Rng& r);
 
   bool quick_;
   Arena arena_;
   const Device* device_ = nullptr;
   bool at_tail_ = false;
-  Tally reduce_, encode_, decode_, bad_;
+  Tally reduce_, encode_, decode_, rotate_, bad_;
 };
 
 uint8_t* Sweep::buffer(int slot, size_t n, size_t offset, uint8_t fill, shadow::Use use, const char* name) {
@@ -590,6 +593,41 @@ void Sweep::decode_all() {
               });
 }
 
+// The rotation of `parts` parts of `part` elements, in place at byte offset `off` (kernels/rotation.h).
+void Sweep::rotate_case(uint32_t block, size_t part, size_t parts, bool inverse, size_t off, Rng& r) {
+  const size_t n = part * parts;
+  const std::vector<float> x = codec_data(n, block, r);
+  std::vector<float> want = x;
+  const std::vector<uint64_t> counts(parts, part);
+  cpu::rotate(want.data(), counts.data(), counts.size(), block, inverse);
+  float* px = nullptr;
+  const std::string what = std::string(inverse ? "rotate back" : "rotate") + "(block=" + std::to_string(block) + ") " +
+                           std::to_string(parts) + " parts of " + std::to_string(part) + " offset " +
+                           std::to_string(off);
+  on_devices(
+      rotate_, what, [&] { px = reinterpret_cast<float*>(input(0, x.data(), n * 4, off, shadow::Use::kInOut, "x")); },
+      [&] { cuda::rotate(px, n, part, block, inverse, nullptr); },
+      [&] { return differs(px, want.data(), n, 4, Fmt::kF32, "x"); });
+}
+
+// Blocks of powers of two (one piece each) and of other multiples of 8 (several pieces), up to the largest
+// a rotation takes; parts of whole blocks, with a short last block, and empty; one part and several;
+// forward and back.
+void Sweep::rotate_all() {
+  static const size_t kFloatOffsets[] = {0, 4, 8, 12};
+  Rng r(31);
+  size_t k = 0;
+  for (uint32_t block : {8u, 24u, 32u, 40u, 64u, 96u, 128u, 256u}) {
+    for (size_t part : {size_t{1}, size_t{block - 1}, size_t{block}, size_t{3 * block + 5}, size_t{300 * 8 + 3}}) {
+      for (size_t parts : {size_t{1}, size_t{3}}) {
+        if (quick_ && parts == 3 && part != block) continue;
+        for (bool inverse : {false, true}) rotate_case(block, part, parts, inverse, kFloatOffsets[k++ % 4], r);
+      }
+    }
+  }
+  rotate_case(64, 0, 1, false, 0, r);
+}
+
 // Bad input is refused before a launch, or by the launch, with pycoll's error, and nothing is written:
 // float arrays off their 4-byte alignment (byte offset 2), null required pointers, bad codes and blocks,
 // and a device that cannot run the kernels' blocks of 256 threads.
@@ -637,6 +675,10 @@ void Sweep::bad_input() {
          d.in = in, d.dst = reinterpret_cast<float*>(out);
          cuda::decode(cuda::CodecSpec{Kind::kInt4, 20, Rounding::kNearest}, d, nullptr);
        }},
+      {"a rotation of 1000 values in parts of 300", ErrorKind::kInvalidUsage, "are not parts of 300",
+       [&](uint8_t*, uint8_t* out) { cuda::rotate(reinterpret_cast<float*>(out), n, 300, 32, false, nullptr); }},
+      {"a rotation in blocks of 512", ErrorKind::kInvalidUsage, "in blocks of 512 (1 to 256)",
+       [&](uint8_t*, uint8_t* out) { cuda::rotate(reinterpret_cast<float*>(out), n, n, 512, false, nullptr); }},
       {"an unknown op", ErrorKind::kInvalidUsage, "unknown op code 9",
        [&](uint8_t* in, uint8_t* out) {
          cuda::reduce(DType::kInt32, static_cast<RedOp>(9), out, nullptr, in, in, n, 0, nullptr);
@@ -683,12 +725,17 @@ void Sweep::report(int selftests, double selftest_seconds) const {
   row("reduce (8 dtypes x 5 ops)", reduce_);
   row("encode (fp16 bf16 int8 int4)", encode_);
   row("decode (fp16 bf16 int8 int4)", decode_);
+  row("rotate (Hadamard blocks)", rotate_);
   row("bad input (refused)", bad_);
   std::printf("%-28s %8d %9s %9.1f\n", "self-tests", selftests, "", selftest_seconds);
-  const double total = reduce_.seconds + encode_.seconds + decode_.seconds + bad_.seconds + selftest_seconds;
-  std::printf("%-28s %8llu %9llu %9.1f\n", "total",
-              static_cast<unsigned long long>(reduce_.cases + encode_.cases + decode_.cases + bad_.cases + selftests),
-              static_cast<unsigned long long>(reduce_.launches + encode_.launches + decode_.launches), total);
+  const double total =
+      reduce_.seconds + encode_.seconds + decode_.seconds + rotate_.seconds + bad_.seconds + selftest_seconds;
+  std::printf(
+      "%-28s %8llu %9llu %9.1f\n", "total",
+      static_cast<unsigned long long>(reduce_.cases + encode_.cases + decode_.cases + rotate_.cases + bad_.cases +
+                                      selftests),
+      static_cast<unsigned long long>(reduce_.launches + encode_.launches + decode_.launches + rotate_.launches),
+      total);
 }
 
 }  // namespace
@@ -712,6 +759,7 @@ int main(int argc, char** argv) {
     sweep.reduce_all();
     sweep.encode_all();
     sweep.decode_all();
+    sweep.rotate_all();
     sweep.bad_input();
     sweep.report(selftests, selftest_seconds);
   } catch (const Failure& f) {

@@ -82,7 +82,9 @@ def test_each_collective_launches_one_call_with_its_fields(one_rank_comm, calls)
     even = np.zeros(10, dtype=np.float32)
     pycoll.all_to_all(x, even, compression="int8", comm=comm)
     kinds = [c.collective for c in calls]
-    assert kinds == ["allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all", "all_to_all"]
+    assert kinds == [
+        "allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all", "all_to_all"
+    ]
     ar, rs, ag, bc, _, a2a, a2a_even = calls
     assert (ar.algorithm, ar.op, ar.op_name, ar.timeout, ar.count, ar.result) == ("ring", 1, "avg", 7, 10, x)
     assert ar.inp is ar.out and ar.codec is None and ar.report
@@ -104,7 +106,8 @@ def test_describe_names_what_was_called() -> None:
     )
     assert Call("broadcast", "tree", buf, buf, 100, root=3).describe() == "broadcast(100 x float32, root=3)"
     assert Call("all_gather", "ring", buf, buf, 25).describe() == "all_gather(25 x float32, ring)"
-    assert Call("all_to_all", "direct", buf, buf, 25).describe() == "all_to_all(25 x float32 per rank, direct)"
+    even = Call("all_to_all", "direct", buf, buf, 25)
+    assert even.describe() == "all_to_all(25 x float32 per rank, direct)"
     uneven = Call("all_to_all", "direct", buf, buf, 0, splits=((60, 40), (30, 70)))
     assert uneven.describe() == "all_to_all(send [60, 40], receive [30, 70] x float32, direct)"
 

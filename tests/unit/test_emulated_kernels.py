@@ -78,6 +78,9 @@ class EmulatedKernels:
     def decode(self, kind: int, block: int, rounding: int, data: int, dst: int, n: int, **kw: Any) -> None:
         ek.native(self.device).decode(kind, block, rounding, data, dst, n, **kw)
 
+    def rotate(self, x: int, n: int, part: int, block: int, inverse: bool) -> None:
+        ek.native(self.device).rotate(x, n, part, block, inverse)
+
 
 @needs_emulation
 class TestEmulatedKernels(KernelChecks):
