@@ -58,6 +58,8 @@ class NativePlan:
         world: int,
         coded: bool = False,
         distinct: bool = False,
+        result_off: int = 0,
+        result_count: int = 0,
     ) -> None: ...
     @property
     def num_ops(self) -> int: ...

@@ -491,11 +491,15 @@ def reduce_scatter(
     """``out`` on rank r becomes chunk r of the reduction of every rank's ``x``.
 
     ``x`` holds world_size * out.size elements (chunk r is ``x.flat[r*m:(r+1)*m]``); it is not modified.
+    ``algorithm``: ring, direct, hierarchical (several hosts of equal size: each host sums over shared
+    memory, and only the hosts' sums cross the network), or auto (hierarchical where it applies, else the
+    cost model's choice).
 
     ``compression``: as for ``allreduce`` (float32, float16 or bfloat16 data, op sum or avg). Each rank
     encodes each chunk of ``x`` once, on the way to its owner, and the owner adds the decoded chunks and
     its own exact one in float32 (the direct algorithm; docs/compression.md#reduce-scatter): every
-    element is quantized once, whatever the world size. ``residual``: error feedback as for
+    element is quantized once, whatever the world size. Hierarchical, the host's sums are exact and
+    each is encoded once, between hosts. ``residual``: error feedback as for
     ``allreduce``, shaped like ``x``. ``compression="auto"`` / ``error_budget``: the codec (or none) the
     cost model predicts fastest within the budget, as for ``allreduce`` (docs/tuning.md).
     """
@@ -514,11 +518,15 @@ def reduce_scatter(
     if codec is not None:
         if res is not None and res.overlaps(ob):
             raise InvalidUsageError("residual must not overlap out")
-        algo = auto.compressed_algorithm("reduce_scatter", algorithm)
+        algo = auto.compressed_algorithm("reduce_scatter", algorithm, None if gpu else c)
         if c.world_size == 1:  # nothing is sent: the chunk is copied exactly, as without a codec
             codec = res = None
     else:
         algo = auto.algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
+    if gpu and algo == "hierarchical":
+        raise InvalidUsageError(
+            "a hierarchical reduce-scatter runs on host memory only; on GPU memory use nccl or direct"
+        )
     call = Call(
         "reduce_scatter",
         algo,

@@ -67,6 +67,10 @@ __all__ = [
     "wait_policy",
 ]
 
+#: Collectives with a hierarchical plan, which ``auto`` runs on several hosts of equal size (more than one
+#: rank each): each host's sum is formed over shared memory and only the hosts' sums cross the network.
+HIERARCHICAL_COLLECTIVES = ("allreduce", "reduce_scatter")
+
 #: ``compression="auto"``'s error budget when the caller gives none: the relative L2 error the codec may
 #: add (pycoll.tuning.model.expected_error). 1e-3 admits fp16 only; int8 needs error_budget=1e-2.
 DEFAULT_ERROR_BUDGET = 1e-3
@@ -226,7 +230,7 @@ def algorithm(
             "these arrays are in host memory"
         )
     if algorithm == "auto":
-        if collective == "allreduce" and comm.spans_equal_hosts:
+        if collective in HIERARCHICAL_COLLECTIVES and comm.spans_equal_hosts:
             return "hierarchical"  # the cost model knows shared memory only; see auto_compressed_algorithm
         return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
     if algorithm not in valid:
@@ -251,16 +255,23 @@ def all_to_all_algorithm(algorithm: str) -> str:
     return ALGORITHMS["all_to_all"][0]
 
 
-def compressed_algorithm(collective: str, algorithm: str) -> str:
+def compressed_algorithm(collective: str, algorithm: str, comm: Communicator | None = None) -> str:
     """The plan of a reduce-scatter or all-gather with a codec: direct, which quantizes each element once
     (a ring would re-encode a reduce-scatter's partial sums at every hop); ``algorithm`` must be it or
-    auto."""
-    if algorithm not in ("auto", COMPRESSED_DIRECT_ALGORITHM):
+    auto. A reduce-scatter may be hierarchical too (each element quantized once, between hosts), what
+    auto means on several hosts of equal size (``comm``'s; as for the all-reduce)."""
+    allowed = (COMPRESSED_DIRECT_ALGORITHM, "hierarchical") if collective in HIERARCHICAL_COLLECTIVES else (
+        COMPRESSED_DIRECT_ALGORITHM,
+    )
+    if algorithm not in ("auto", *allowed):
         raise InvalidUsageError(
-            f"a compressed {collective} runs algorithm={COMPRESSED_DIRECT_ALGORITHM!r} (each element "
+            f"a compressed {collective} runs algorithm={' or '.join(map(repr, allowed))} (each element "
             f"quantized once), got {algorithm!r}"
         )
-    return COMPRESSED_DIRECT_ALGORITHM
+    if algorithm == "auto":
+        spans = comm is not None and comm.spans_equal_hosts and collective in HIERARCHICAL_COLLECTIVES
+        return "hierarchical" if spans else COMPRESSED_DIRECT_ALGORITHM
+    return algorithm
 
 
 def compression(

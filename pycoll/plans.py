@@ -18,6 +18,7 @@ from pycoll.algorithms import build_plan
 from pycoll.algorithms.compressed import (
     build_compressed_all_gather,
     build_compressed_all_to_all,
+    build_compressed_hierarchical_reduce_scatter,
     build_compressed_plan,
     build_compressed_reduce_scatter,
 )
@@ -124,6 +125,8 @@ class PlanCache:
             self.world_size,
             coded=key.layout is not None,
             distinct=not p.in_place,
+            result_off=0 if p.result is None else p.result[0],
+            result_count=0 if p.result is None else p.result[1],
         )
         self._put(key, plan)
         self._log(key, codec, plan, p)
@@ -179,6 +182,10 @@ class PlanCache:
             return build_compressed_all_to_all(rank, self.world_size, send, recv)
         if key.layout is not None:
             segment_blocks = max(1, key.segment_bytes // key.layout[1])
+            if key.collective == "reduce_scatter" and key.algorithm == "hierarchical":
+                return build_compressed_hierarchical_reduce_scatter(
+                    rank, self.world_size, key.elements, key.layout[0], segment_blocks, local_size
+                )
             if key.collective == "reduce_scatter":
                 return build_compressed_reduce_scatter(
                     rank, self.world_size, key.elements, key.layout[0], segment_blocks

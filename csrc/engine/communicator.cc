@@ -66,44 +66,57 @@ size_t Communicator::run(const Call& c) {
   args.seed = c.seed;
   std::lock_guard<std::mutex> lock(mu_);
   args.stamp = skew_->enter();
-  if (widen || rotate)
+  if (widen || rotate || plan.result_bytes > 0)
     staged(c, args, codec);
   else
     execute(plan, args, codec, c.program.get());
   return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
 }
 
-// A compressed collective on float32 work copies: float16 / bfloat16 data widened (the output rounded back
-// once at the end), and with a rotation the input rotated and the output rotated back (kernels/rotation.h;
-// the plan runs unchanged on rotated values, which sum as the values do). In place, on one copy (a float32
-// call rotates the caller's buffer itself, which is its output); out of place, on a copy of the input, and
-// a float32 call writes the caller's output directly and rotates it back there.
+// A collective on work copies of its buffers, for any of three reasons at once: float16 / bfloat16 data
+// compressed (widened to float32, the result rounded back once at the end); a codec's rotation (the input
+// rotated, the result rotated back: kernels/rotation.h; the plan runs unchanged on rotated values, which
+// sum as the values do); a plan with a result range (NativePlan::result_bytes: it runs in place on a copy
+// of the input, the caller's output is a range of it). An in-place call works on one copy (a float32 one
+// on the caller's buffer itself, which is its output); an out-of-place one on a copy of the input, and
+// writes a float32 output of its own only when it widens.
 void Communicator::staged(const Call& c, RunArgs& args, const cpu::Codec* codec) {
   const NativePlan& plan = *c.plan;
   const DType type = static_cast<DType>(c.dtype);
-  const bool widen = type != DType::kFloat32, rotate = c.rotation_block > 0;
-  const size_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
-  const bool in_place = args.input == args.output;
+  const bool widen = codec && type != DType::kFloat32, rotate = codec && c.rotation_block > 0;
+  const bool ranged = plan.result_bytes > 0, in_place = args.input == args.output;
+  const size_t isz = dtype_size(args.dtype);  // the plan's elements: float32 with a codec
+  const size_t n_in = plan.input_bytes / isz, n_out = (ranged ? plan.result_bytes : plan.output_bytes) / isz;
   if (rotate) check_parts(c.rotate_input, n_in, "input"), check_parts(c.rotate_output, n_out, "output");
-  const bool own_in = widen || !in_place, own_out = widen;
-  work_.resize((own_in ? n_in : 0) + (own_out && !in_place ? n_out : 0));
-  float* const w_in = own_in ? work_.data() : static_cast<float*>(args.output);
-  float* const w_out = in_place ? w_in : (own_out ? work_.data() + n_in : static_cast<float*>(args.output));
+  const bool own_in = widen || ranged || (rotate && !in_place), own_out = widen && !in_place && !ranged;
+  work_.resize(((own_in ? n_in : 0) + (own_out ? n_out : 0)) * isz);
+  uint8_t* const w_in = own_in ? work_.data() : static_cast<uint8_t*>(args.output);
+  uint8_t* const w_out = in_place || ranged ? w_in
+                         : own_out          ? work_.data() + n_in * isz
+                                            : static_cast<uint8_t*>(args.output);
   const bool half = type == DType::kFloat16;
   if (widen) {
     const uint16_t* in = static_cast<const uint16_t*>(args.input);
-    for (size_t i = 0; i < n_in; ++i) w_in[i] = half ? half_to_float(in[i]) : bf16_to_float(in[i]);
-  } else if (own_in) {
-    std::memcpy(w_in, args.input, n_in * 4);
+    float* w = reinterpret_cast<float*>(w_in);
+    for (size_t i = 0; i < n_in; ++i) w[i] = half ? half_to_float(in[i]) : bf16_to_float(in[i]);
+  } else if (own_in && n_in) {
+    std::memcpy(w_in, args.input, n_in * isz);
   }
-  if (rotate) cpu::rotate(w_in, c.rotate_input.data(), c.rotate_input.size(), c.rotation_block, false);
+  if (rotate)
+    cpu::rotate(reinterpret_cast<float*>(w_in), c.rotate_input.data(), c.rotate_input.size(), c.rotation_block, false);
   args.input = w_in;
   args.output = w_out;
   execute(plan, args, codec, c.program.get());
-  if (rotate) cpu::rotate(w_out, c.rotate_output.data(), c.rotate_output.size(), c.rotation_block, true);
+  uint8_t* const result = w_out + (ranged ? plan.result_off : 0);
+  if (rotate)
+    cpu::rotate(reinterpret_cast<float*>(result), c.rotate_output.data(), c.rotate_output.size(), c.rotation_block,
+                true);
   if (widen) {
     uint16_t* out = reinterpret_cast<uint16_t*>(c.output);
-    for (size_t i = 0; i < n_out; ++i) out[i] = half ? float_to_half(w_out[i]) : float_to_bf16(w_out[i]);
+    const float* r = reinterpret_cast<const float*>(result);
+    for (size_t i = 0; i < n_out; ++i) out[i] = half ? float_to_half(r[i]) : float_to_bf16(r[i]);
+  } else if (ranged) {
+    std::memcpy(reinterpret_cast<void*>(c.output), result, n_out * isz);
   }
 }
 

@@ -118,7 +118,7 @@ class Communicator {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<SkewRecorder> skew_;
   std::mutex mu_;
-  std::vector<float> work_;  // float32 (rotated) copies of a compressed collective's buffers (staged)
+  std::vector<uint8_t> work_;  // work copies of a collective's buffers (staged)
   std::function<void()> on_idle_;
   std::vector<uint8_t> staging_, encoded_;  // grouped programs' staging and kEncoded buffers
 };

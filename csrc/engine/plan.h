@@ -92,6 +92,11 @@ struct NativePlan {
   bool coded = false;
   // INPUT and OUTPUT are different memory (an out-of-place collective: engine/plan_dependencies.h).
   bool distinct = false;
+  // A plan that runs in place on a copy of the caller's input (the hierarchical reduce-scatter, whose
+  // partial sums need the whole buffer): the caller's output is OUTPUT[result_off, result_off + result_bytes)
+  // (Communicator::staged). result_bytes 0: the caller's buffers are the plan's.
+  uint64_t result_off = 0;
+  uint64_t result_bytes = 0;
   int world = 0;
   int rank = 0;
 };

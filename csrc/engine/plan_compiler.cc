@@ -33,7 +33,7 @@ static_assert(kNumCols == kPlanColumns, "kPlanColumns must match the op table's 
 
 std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Array& starts, int64_t itemsize,
                                          int64_t input_count, int64_t output_count, int rank, int world, bool coded,
-                                         bool distinct) {
+                                         bool distinct, int64_t result_off, int64_t result_count) {
   if (table.ndim != 2 || (table.rows > 0 && table.cols != kNumCols))
     throw Error(ErrorKind::kInternal, "plan table must be [n_ops, " + std::to_string(kNumCols) + "]");
   if (itemsize <= 0 || itemsize > 8) throw Error(ErrorKind::kInternal, "bad itemsize");
@@ -42,6 +42,11 @@ std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Arr
   plan->world = world;
   plan->coded = coded;
   plan->distinct = distinct;
+  if (result_off < 0 || result_count < 0 ||
+      (result_count > 0 && (distinct || input_count != output_count || result_off + result_count > output_count)))
+    throw Error(ErrorKind::kInternal, "a plan's result range must lie in its one, in-place buffer");
+  plan->result_off = static_cast<uint64_t>(result_off) * itemsize;
+  plan->result_bytes = static_cast<uint64_t>(result_count) * itemsize;
   plan->input_bytes = static_cast<uint64_t>(input_count) * itemsize;
   plan->output_bytes = static_cast<uint64_t>(output_count) * itemsize;
   const int64_t n = table.rows;

@@ -31,10 +31,12 @@ inline constexpr int kPlanColumns = 11;
 // bytes), `starts` the index of each step's first op followed by n_ops. Every op is checked (kind,
 // peers, buffers, bounds); throws Error(kInternal) on a bad plan. `coded`: the plan is for a codec (its
 // offsets are float32 elements on block boundaries); only such a plan runs with one. `distinct`: INPUT and
-// OUTPUT never alias (an out-of-place collective; NativePlan::distinct).
+// OUTPUT never alias (an out-of-place collective; NativePlan::distinct). `result_count` > 0: the plan runs in
+// place on a copy of the caller's input, and the caller's output is its elements [result_off, +result_count).
 std::shared_ptr<NativePlan> compile_plan(const Int64Array& table, const Int64Array& starts, int64_t itemsize,
                                          int64_t input_count, int64_t output_count, int rank, int world,
-                                         bool coded = false, bool distinct = false);
+                                         bool coded = false, bool distinct = false, int64_t result_off = 0,
+                                         int64_t result_count = 0);
 
 // The arrays of a grouped program (pycoll/algorithms/grouped.py): actions is [n, 2] (action code, op).
 struct ProgramArrays {

@@ -53,9 +53,9 @@ Int64Array int64_array(const Int64In& a, bool one_dim = false) {
 
 std::shared_ptr<NativePlan> bind_compile_plan(const Int64In& table, const Int64In& starts, int64_t itemsize,
                                               int64_t input_count, int64_t output_count, int rank, int world,
-                                              bool coded, bool distinct) {
+                                              bool coded, bool distinct, int64_t result_off, int64_t result_count) {
   return compile_plan(int64_array(table), int64_array(starts, true), itemsize, input_count, output_count, rank, world,
-                      coded, distinct);
+                      coded, distinct, result_off, result_count);
 }
 
 // A grouped program (pycoll/algorithms/grouped.py) for one compiled plan; validated against it.
@@ -256,7 +256,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<NativePlan, std::shared_ptr<NativePlan>>(m, "NativePlan")
       .def(py::init(&bind_compile_plan), py::arg("table"), py::arg("starts"), py::arg("itemsize"),
            py::arg("input_count"), py::arg("output_count"), py::arg("rank"), py::arg("world"), py::arg("coded") = false,
-           py::arg("distinct") = false)
+           py::arg("distinct") = false, py::arg("result_off") = 0, py::arg("result_count") = 0)
       .def_property_readonly("num_ops", [](const NativePlan& p) { return p.ops.size(); })
       .def_property_readonly("num_steps",
                              [](const NativePlan& p) { return p.step_begin.empty() ? 0 : p.step_begin.size() - 1; });

@@ -18,7 +18,7 @@ from pycoll.algorithms.direct import (
     direct_allreduce,
     direct_reduce_scatter,
 )
-from pycoll.algorithms.hierarchical import hierarchical_allreduce
+from pycoll.algorithms.hierarchical import hierarchical_allreduce, hierarchical_reduce_scatter
 from pycoll.algorithms.plan import Buf, Op, OpKind, Plan
 from pycoll.algorithms.ring import ring_all_gather, ring_allreduce, ring_broadcast, ring_reduce_scatter
 from pycoll.algorithms.tree import tree_allreduce, tree_broadcast
@@ -39,6 +39,8 @@ _BUILDERS: dict[str, dict[str, _Builder]] = {
     "reduce_scatter": {
         "ring": lambda r, w, c, s, _root: ring_reduce_scatter(r, w, c, s),
         "direct": lambda r, w, c, s, _root: direct_reduce_scatter(r, w, c, s),
+        # built in build_plan, which has the hosts' size (local_size)
+        "hierarchical": lambda r, w, c, s, _root: hierarchical_reduce_scatter(r, w, c, s, 1),
     },
     "all_gather": {
         "ring": lambda r, w, c, s, _root: ring_all_gather(r, w, c, s),
@@ -92,7 +94,8 @@ def build_plan(collective: str, algorithm: str, rank: int, world: int, count: in
     if collective == "barrier":
         count = 0
     if algorithm == "hierarchical":
-        return hierarchical_allreduce(rank, world, count, segment_elems, operator.index(local_size))
+        hierarchical = hierarchical_allreduce if collective == "allreduce" else hierarchical_reduce_scatter
+        return hierarchical(rank, world, count, segment_elems, operator.index(local_size))
     return builder(rank, world, count, segment_elems, root)
 
 

@@ -22,11 +22,13 @@ Each algorithm quantizes an element a different number of times, which is what i
     hierarchical        as the ring among the hosts (hosts - 1 times, then the final value once); the
                         sums within a host are exact
 
-Reduce-scatter (``build_compressed_reduce_scatter``) is direct only: every rank encodes each chunk of
-its input once, on the way to the chunk's owner, and the owner sums the decoded shares and its own exact
+Reduce-scatter (``build_compressed_reduce_scatter``) is direct: every rank encodes each chunk of its
+input once, on the way to the chunk's owner, and the owner sums the decoded shares and its own exact
 share in float32 and keeps the sum (its finalizing receive-reduces are ``exact``). So each element is
 quantized once whatever the world size, where a ring would re-encode the partial sum world - 1 times.
 The chunk's blocks start at the chunk: segments are whole blocks of it, only its last block may be short.
+On several hosts it may be hierarchical (``build_compressed_hierarchical_reduce_scatter``,
+hierarchical.py): the host's sums exact, each element quantized once, on its way between hosts.
 
 All-to-all (``build_compressed_all_to_all``) is the direct all-to-all: every part a rank sends is one
 message, encoded once, in blocks from the part's start, straight into the transport's fragments (whole
@@ -47,6 +49,7 @@ from typing import Sequence
 from pycoll.algorithms import build_plan
 from pycoll.algorithms._layout import copy, recv, send
 from pycoll.algorithms.direct import _peers, direct_all_to_all, direct_reduce_scatter
+from pycoll.algorithms.hierarchical import hierarchical_reduce_scatter
 from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan, make_plan, segments
 
 #: The default algorithm with a codec: each element is quantized at most twice.
@@ -136,3 +139,17 @@ def build_compressed_all_to_all(
     plan = direct_all_to_all(rank, world, send_counts, recv_counts)
     own, *rest = plan.steps[0]
     return replace(plan, steps=((replace(own, uncompressed=True), *rest), *plan.steps[1:]))
+
+
+def build_compressed_hierarchical_reduce_scatter(
+    rank: int, world: int, count: int, block: int, segment_blocks: int, local_size: int
+) -> Plan:
+    """The hierarchical reduce-scatter (hierarchical.py) with a codec: segments of whole blocks of each
+    chunk, the intra-host stage ``uncompressed``, the cross-host messages encoded once each, the owner's
+    finalizing receives ``exact``."""
+    _check_chunked("reduce-scatter", world, block, segment_blocks)
+    plan = hierarchical_reduce_scatter(rank, world, count, segment_blocks * block, local_size)
+    def owner_keeps(op: Op) -> Op:
+        return replace(op, exact=op.finalize and not op.uncompressed)
+
+    return replace(plan, steps=tuple(tuple(owner_keeps(op) for op in step) for step in plan.steps))

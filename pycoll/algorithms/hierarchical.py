@@ -25,6 +25,26 @@ ring's volume on one share), so a host's network traffic is that of one ring ran
 ranks' links; the intra-host stages move 2*(local_size-1)/local_size * count per rank over shared memory.
 With one rank per host it is the ring all-reduce; on one host it is the direct all-reduce.
 
+Reduce-scatter (``hierarchical_reduce_scatter``) has one chunk per rank (INPUT is world chunks of
+``count``; chunk (c, j) is rank c*local_size + j's) and runs in place on a copy of the caller's input (its
+``result`` range is this rank's chunk), two stages:
+
+    intra-host reduce-scatter   by column: every rank SENDs the chunks of local rank j of every host to
+                                local rank j of its own host, for every other j, and RECV_REDUCEs the
+                                chunks of its own column from each of them, in a fixed order, in place:
+                                the host's sum of every chunk its column owns.
+    cross-host reduce-scatter   column l runs the direct reduce-scatter among the hosts on those sums:
+                                a SEND of the host's sum of chunk (c, l) to rank (c, l), for every other
+                                host c, and the RECV_REDUCEs of its own chunk from every other host, the
+                                last finalizing (avg divides by the world there).
+
+Per rank, (hosts - 1) * count elements cross the network, against (world - local_size) * count for the
+direct reduce-scatter: a host's cross-host traffic falls local_size times. Compressed
+(``build_compressed_hierarchical_reduce_scatter`` in compressed.py): the intra-host ops are
+``uncompressed`` (the host's sums exact), the cross-host messages encoded, each element quantized once, and
+the owner's finalizing receives ``exact``. Error feedback: rank (h, l) keeps what encoding its host's sum
+of chunk (c, l) lost at that chunk's place in its residual (shaped like INPUT).
+
 Compressed (compressed.py): only the cross-host stage is. The intra-host ops are marked ``uncompressed``
 (plan.py, "Compressed plans"): shared memory is fast enough that encoding would cost more time than it
 saves, and the host's sum stays exact, so an element is quantized as in a ring among the hosts (hosts - 1
@@ -38,7 +58,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pycoll.algorithms._layout import cut_segments, recv, recv_reduce, send
-from pycoll.algorithms.plan import Buf, Op, Plan, make_plan, split_even
+from pycoll.algorithms.plan import Buf, Op, Plan, make_plan, segments, split_even
 
 IN, OUT = Buf.INPUT, Buf.OUTPUT
 
@@ -114,3 +134,42 @@ def hierarchical_allreduce(rank: int, world: int, count: int, segment_elems: int
                 step.append(recv(n_j, mates[j], (OUT, off_j)))
             steps.append([_within_host(op) for op in step])
     return make_plan(rank, world, "allreduce", "hierarchical", count, count, steps)
+
+
+def hierarchical_reduce_scatter(
+    rank: int, world: int, count: int, segment_elems: int, local_size: int
+) -> Plan:
+    """The hierarchical reduce-scatter of chunks of ``count`` elements on hosts of ``local_size``
+    consecutive ranks, in place on a copy of INPUT (world * count elements); the result is this rank's
+    chunk of it. Segments are cut from every chunk's start (so whole codec blocks where ``segment_elems``
+    is a multiple of a block)."""
+    if local_size < 1 or world % local_size:
+        raise ValueError(f"world ({world}) must be a multiple of local_size ({local_size})")
+    hosts = world // local_size
+    host, local = divmod(rank, local_size)
+    total = world * count
+
+    def chunk(c: int, j: int, off: int) -> int:  # element offset of `off` in chunk (c, j)
+        return (c * local_size + j) * count + off
+
+    mates = [host * local_size + j for j in range(local_size)]
+    others = [(local + k) % local_size for k in range(1, local_size)]  # fixed rotations, as direct.py
+    froms = [(local - k) % local_size for k in range(1, local_size)]
+    column = [c * local_size + local for c in range(hosts)]
+    to_hosts = [(host + k) % hosts for k in range(1, hosts)]
+    from_hosts = [(host - k) % hosts for k in range(1, hosts)]
+    steps: list[list[Op]] = []
+    for off, n in segments(0, count, segment_elems):
+        if local_size > 1:
+            step = [send(n, mates[j], (IN, chunk(c, j, off))) for j in others for c in range(hosts)]
+            last = froms[-1] if hosts == 1 else None  # on one host the host's sum is the final value
+            step += [recv_reduce(n, mates[j], (IN, chunk(c, local, off)), (IN, chunk(c, local, off)),
+                                 finalize=j == last) for c in range(hosts) for j in froms]
+            steps.append([_within_host(op) for op in step])
+        step = [send(n, column[c], (IN, chunk(c, local, off))) for c in to_hosts]
+        mine = chunk(host, local, off)
+        step += [recv_reduce(n, column[c], (IN if k == 0 else OUT, mine), (OUT, mine),
+                             finalize=k == hosts - 2) for k, c in enumerate(from_hosts)]
+        steps.append(step)
+    plan = make_plan(rank, world, "reduce_scatter", "hierarchical", total, total, steps)
+    return replace(plan, result=(chunk(host, local, 0), count))

@@ -3,9 +3,10 @@
 An algorithm (ring, tree, direct, ...) is a pure function that returns, for one rank, a ``Plan``: an
 ordered list of *steps*, each a tuple of *ops*. The native executor (csrc/engine) and the pure-Python
 simulator (``simulate.py``) both run plans with exactly the semantics written here; nothing else
-about an algorithm is known to either of them. (The simulator runs compressed all-reduce plans only:
-the compressed reduce-scatter and all-gather, chunked and with ``exact`` ops, run natively and are
-checked against the reference codecs on real ranks, tests/distributed/test_compressed_*.py.)
+about an algorithm is known to either of them. (The simulator runs compressed all-reduce and
+reduce-scatter plans, ``exact`` receive-reduces included, but no compressed COPY: the compressed
+all-gather and all-to-all run natively and are checked against the reference codecs on real ranks,
+tests/distributed/test_compressed_all_gather.py, test_all_to_all.py.)
 
 Buffers
     ``INPUT`` (``input_count`` elements) and ``OUTPUT`` (``output_count`` elements). For an in-place
@@ -180,6 +181,10 @@ class Plan:
     input_count: int
     output_count: int
     steps: tuple[tuple[Op, ...], ...] = field(default_factory=tuple)
+    #: A plan that runs in place on a copy of the caller's input (INPUT and OUTPUT alias, input_count
+    #: elements each) and whose result is OUTPUT[offset : offset + count]: (offset, count); None for the
+    #: others (the hierarchical reduce-scatter, whose partial sums need the whole buffer).
+    result: tuple[int, int] | None = None
 
     def ops(self) -> Iterable[Op]:
         for step in self.steps:
@@ -187,9 +192,10 @@ class Plan:
 
     @property
     def in_place(self) -> bool:
-        """Whether INPUT and OUTPUT are one buffer (``INPLACE_COLLECTIVES``); the others' callers keep them
-        apart (the API refuses overlapping buffers), which the executor's dependencies rely on."""
-        return self.collective in INPLACE_COLLECTIVES
+        """Whether INPUT and OUTPUT are one buffer (``INPLACE_COLLECTIVES``, and a plan with a ``result``
+        range); the others' callers keep them apart (the API refuses overlapping buffers), which the
+        executor's dependencies rely on."""
+        return self.collective in INPLACE_COLLECTIVES or self.result is not None
 
     def to_table(self) -> tuple[np.ndarray, np.ndarray]:
         """(ops as an int64 [n_ops, len(OP_COLUMNS)] array, step start indices as int64 [n_steps+1])."""

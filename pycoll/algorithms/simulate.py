@@ -191,8 +191,11 @@ def check_plan(plan: Plan, inplace: bool, *, block: int | None = None) -> None:
                 if not (0 <= off and off + op.count <= sizes[buf]):
                     raise PlanError(f"{where} {what} {buf.name}[{off}:{off + op.count}] outside its "
                                     f"{sizes[buf]} elements")
-                if block is not None and ((off % block and off != sizes[buf])
-                                          or (op.count % block and off + op.count != sizes[buf])):
+                # (an all-reduce's blocks run from its buffer's start; the chunked plans' from each chunk's,
+                # which their builders cut whole, as the executor encodes every message from its start)
+                end = off + op.count
+                if block is not None and plan.collective == "allreduce" and (
+                        (off % block and off != sizes[buf]) or (op.count % block and end != sizes[buf])):
                     raise PlanError(f"{where} {what} {buf.name}[{off}:{off + op.count}], which is not cut at "
                                     f"codec blocks of {block} (only the buffer's last block may be short)")
             if compressed and op.kind == OpKind.COPY:
@@ -433,8 +436,8 @@ def simulate(plans: Sequence[Plan], inputs: Sequence[np.ndarray], op: str = "sum
         depth = np.maximum(src_depth, msg.depth)
         if o.finalize:
             note_finalized(state, o)
-        if o.kind == OpKind.RECV_REDUCE and not o.finalize:  # a partial kept for a later op
-            return value, depth, None, None
+        if o.kind == OpKind.RECV_REDUCE and (not o.finalize or o.exact):
+            return value, depth, None, None  # a partial kept for a later op, or a final kept in float32
         # a value sent on or final: encoded once (storing its loss), and the decoding of that kept
         data, decoded = codec_ref.encode(codec, value, residual, float(world) if avg_final else 1.0,
                                          index=elem, key=state.key)

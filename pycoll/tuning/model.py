@@ -50,6 +50,7 @@ from pycoll.algorithms.compressed import (
     COMPRESSED_DIRECT_ALGORITHM,
     build_compressed_all_gather,
     build_compressed_all_to_all,
+    build_compressed_hierarchical_reduce_scatter,
     build_compressed_plan,
     build_compressed_reduce_scatter,
 )
@@ -242,7 +243,9 @@ def plan_costs(
     else:
         segment_blocks = max(1, int(segment_bytes // (bytes_per_element * block)))
         plans = tuple(
-            build_compressed_reduce_scatter(r, world, count, block, segment_blocks)
+            build_compressed_hierarchical_reduce_scatter(r, world, count, block, segment_blocks, local_size)
+            if collective == "reduce_scatter" and algorithm == "hierarchical"
+            else build_compressed_reduce_scatter(r, world, count, block, segment_blocks)
             if collective == "reduce_scatter"
             else build_compressed_all_gather(r, world, count, block, segment_blocks)
             if collective == "all_gather"
@@ -594,7 +597,7 @@ class Model:
             if collective not in COMPRESSIBLE_COLLECTIVES:
                 names = ", ".join(COMPRESSIBLE_COLLECTIVES)
                 raise ValueError(f"compression applies to {names}, not {collective}")
-            if collective != "allreduce" and algorithm != COMPRESSED_DIRECT_ALGORITHM:
+            if collective != "allreduce" and algorithm not in (COMPRESSED_DIRECT_ALGORITHM, "hierarchical"):
                 raise ValueError(f"a compressed {collective} runs {COMPRESSED_DIRECT_ALGORITHM}: {algorithm}")
             itemsize = 4
         count = _plan_count(collective, world, nbytes, itemsize)

@@ -99,12 +99,16 @@ def assert_identical(outputs: list[np.ndarray]) -> None:
         assert o.tobytes() == first, f"rank {r} differs bitwise from rank 0"
 
 
-def assert_finalized_once(collective: str, world: int, count: int, res: SimResult) -> None:
+def assert_finalized_once(
+    collective: str, world: int, count: int, res: SimResult, in_place: bool = False
+) -> None:
+    """Every element finalized exactly once (a reduce-scatter's chunk r by rank r, at offset 0 of its
+    OUTPUT, or ``in_place`` at its place in the whole buffer)."""
     covered = np.zeros(world * count if collective == "reduce_scatter" else count, dtype=np.int64)
     for r, regions in enumerate(res.finalized):
         for buf, off, n in regions:
             assert buf == Buf.OUTPUT, f"rank {r} finalizes into {buf.name}"
-            base = r * count if collective == "reduce_scatter" else 0
+            base = r * count if collective == "reduce_scatter" and not in_place else 0
             covered[base + off : base + off + n] += 1
     if world == 1:  # a plain COPY or nothing: nothing to reduce, nothing to divide
         assert not covered.any()
@@ -148,7 +152,8 @@ def expected_links(
     elif collective in ("reduce_scatter", "all_gather") and algorithm == "ring":
         for r in range(world):
             add(r, (r + 1) % world, (world - 1) * count, (world - 1) * num_segments(count, seg))
-    elif collective in ("reduce_scatter", "all_gather") and algorithm == "direct":
+    elif collective in ("reduce_scatter", "all_gather") and algorithm in ("direct", "hierarchical"):
+        # (the hierarchical reduce-scatter with one rank per host is the direct one, in place)
         for r in range(world):
             for p in range(world):
                 if p != r:
@@ -221,12 +226,17 @@ def test_allreduce_int64_sum(algorithm: str, world: int) -> None:
 def test_reduce_scatter_int64_sum(algorithm: str, world: int) -> None:
     for count, seg in cases(world, "reduce_scatter"):
         plans = plans_for("reduce_scatter", algorithm, world, count, seg)
-        assert all((p.input_count, p.output_count) == (world * count, count) for p in plans)
+        if algorithm == "hierarchical":  # in place on a copy of the input; the result is this rank's chunk
+            assert all(p.result == (r * count, count) and p.in_place for r, p in enumerate(plans))
+        else:
+            assert all((p.input_count, p.output_count) == (world * count, count) for p in plans)
         res = simulate(plans, int_inputs(plans))
         for r, (o, written) in enumerate(zip(res.outputs, res.output_written)):
+            if plans[r].result is not None:
+                o, written = o[r * count:(r + 1) * count], written[r * count:(r + 1) * count]
             np.testing.assert_array_equal(o, int_expected("sum", world, r * count + np.arange(count)))
-            assert written.all()
-        assert_finalized_once("reduce_scatter", world, count, res)
+            assert written.all() or world == 1 and plans[r].result is not None  # nothing moves
+        assert_finalized_once("reduce_scatter", world, count, res, in_place=algorithm == "hierarchical")
         assert_links("reduce_scatter", algorithm, world, count, seg, res)
         assert all(h == frozenset(range(world)) for h in res.heard_from)
 
@@ -291,7 +301,7 @@ def test_reduction_ops(collective: str, algorithm: str, op: str) -> None:
             check_outputs(collective, world, count, res, ref, bound)
             if collective == "allreduce":
                 assert_identical(res.outputs)
-            assert_finalized_once(collective, world, count, res)
+            assert_finalized_once(collective, world, count, res, in_place=plans[0].result is not None)
 
 
 def check_outputs(
@@ -299,6 +309,8 @@ def check_outputs(
 ) -> None:
     for r, o in enumerate(res.outputs):
         part = slice(r * count, (r + 1) * count) if collective == "reduce_scatter" else slice(None)
+        if collective == "reduce_scatter" and o.size == world * count:  # in place: the chunk is the result
+            o = o[part]
         if bound.any():
             err = np.abs(o.astype(np.float64) - expected[part])
             assert (err <= bound[part]).all(), f"rank {r}: error {err.max()} over bound"
