@@ -656,7 +656,9 @@ def all_to_all(
     Without counts the parts are equal: ``x`` and ``out`` hold world_size parts of the same size. With
     ``send_counts`` / ``recv_counts`` (elements per rank, in rank order; MoE dispatch) they may differ and
     be empty; rank q's ``send_counts[r]`` must equal rank r's ``recv_counts[q]``, which every message
-    checks (CollectiveMismatchError on every rank otherwise). ``x`` is not modified.
+    checks: otherwise CollectiveMismatchError on the ranks that part joins, and on the others at once or,
+    where all their own parts matched and the call finished, at their next collective. ``x`` is not
+    modified.
 
     ``compression``: as for ``all_gather`` (float32, float16 or bfloat16 data): each part is encoded once
     by its sender, in codec blocks from the part's start, and decoded once by its receiver; a rank's own

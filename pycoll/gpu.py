@@ -454,11 +454,6 @@ class _GpuExecutor:
 
     def program(self, call: Call) -> tuple[Any, Any]:
         """The compiled plan and its grouped program, cut at GPU-sized messages."""
-        if call.splits is not None:
-            raise InvalidUsageError(
-                "all_to_all on GPU memory runs even parts only (no send_counts / recv_counts): its grouped "
-                "program is lowered from every rank's plan, and uneven parts are known to their own rank only"
-            )
         args = (call.collective, call.algorithm, call.count, call.inp.itemsize, call.root, call.codec)
         return (
             self.plans.plan(*args, segment_bytes=GPU_SEGMENT_BYTES, exact=call.exact_own),

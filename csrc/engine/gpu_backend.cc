@@ -156,6 +156,10 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
   const bool widen = compressed && c.dtype != DType::kFloat32;
   const bool rotate = compressed && c.rotation_block > 0;
   if (compressed && !compressible(c.dtype, c.op)) throw Error(ErrorKind::kInvalidUsage, kNotCompressible);
+  if (plan.result_bytes > 0)
+    throw Error(ErrorKind::kInvalidUsage,
+                "a plan with a result range (the hierarchical reduce-scatter) runs on host "
+                "memory only");
   // Workspace layout: staging | kEncoded | float32 work copies (Communicator::staged on the CPU): of the input
   // when it is widened, or rotated out of place; then of the output when it is widened out of place.
   const uint64_t n_in = plan.input_bytes / 4, n_out = plan.output_bytes / 4;
