@@ -1,21 +1,24 @@
-"""The machinery of the pytest-benchmark suite in bench/ (conftest.py, test_allreduce.py).
+"""The machinery of the pytest-benchmark suite in bench/ (conftest.py, test_allreduce.py,
+test_reduce_scatter_all_gather.py).
 
 How a measurement reaches pytest-benchmark
 ------------------------------------------
-All-reduce is timed across processes: one number per iteration is the *slowest rank's* time, known only
-after the ranks combined their clocks. pytest-benchmark times a callable in the pytest process, which
-cannot measure that. So the measuring happens in a multi-rank **job** per world size: ``pycoll bench
---worker`` ranks (started by ``pycoll bench``, through ``mpirun`` when the MPI baseline is in), every
-variant (pycoll's algorithm x codec, Gloo, Open MPI, NCCL) interleaved size by size, writing JSON lines
-whose ``times_us`` are the per-iteration slowest-rank times (pycoll/bench/timing.py). The rank processes
-never run inside pytest. ``JobCache`` (a session fixture) runs each world's job on first use, with a
-timeout, and keeps its records, or its error, which every case of that job then fails with.
+A collective is timed across processes: one number per iteration is the *slowest rank's* time, known
+only after the ranks combined their clocks. pytest-benchmark times a callable in the pytest process,
+which cannot measure that. So the measuring happens in a multi-rank **job** per world size and
+collective: ``pycoll bench --worker`` ranks (started by ``pycoll bench``, through ``mpirun`` when the MPI
+baseline is in), every variant (pycoll's algorithm x codec, Gloo, Open MPI, NCCL) interleaved size by
+size, writing JSON lines whose ``times_us`` are the per-iteration slowest-rank times
+(pycoll/bench/timing.py). The rank processes never run inside pytest. ``JobCache`` (a session fixture)
+runs each job on first use, with a timeout, and keeps its records, or its error, which every case of
+that job then fails with.
 
-Each test case is one point (world, size, library/algorithm, codec). It *replays* that point's times
-into the ``benchmark`` fixture: ``benchmark.pedantic(step, rounds=len(times), iterations=1)`` where each
-round's ``step()`` makes a replay clock advance by the next measured time. The clock reaches
-pytest-benchmark through the ``benchmark`` marker's ``timer`` option (``@pytest.mark.benchmark(timer=
-replay_timer)``, set on the suite module): of the ways pytest-benchmark offers to choose the timer
+Each test case is one point (collective, world, size, library/algorithm, codec). It *replays* that
+point's times into the ``benchmark`` fixture: ``benchmark.pedantic(step, rounds=len(times),
+iterations=1)`` where each round's ``step()`` makes a replay clock advance by the next measured time.
+The clock reaches pytest-benchmark through the ``benchmark`` marker's ``timer`` option
+(``@pytest.mark.benchmark(timer=replay_timer)``, set on the suite module): of the ways pytest-benchmark
+offers to choose the timer
 (``--benchmark-timer``, global and on the user's command line; the marker, per test; replacing the
 fixture's private ``_timer``), the marker is documented, scoped to these tests, and needs nothing from
 the user. In pedantic mode pytest-benchmark calls the timer exactly twice per round (before and after
@@ -89,13 +92,14 @@ def replay(benchmark: Any, times_s: Sequence[float]) -> None:
 
 @dataclass(frozen=True)
 class Point:
-    """One test case: a series (library, algorithm, codec) at one size and world size."""
+    """One test case: a series (library, algorithm, codec) of ``collective`` at one size and world size."""
 
     world: int
     nbytes: int
     library: str
     algorithm: str
     codec: str
+    collective: str = "allreduce"
 
     @property
     def label(self) -> str:
@@ -105,7 +109,15 @@ class Point:
 
     @property
     def id(self) -> str:
-        return f"w{self.world}-{size_name(self.nbytes)}-{self.label.replace('/', '-')}"
+        head = "" if self.collective == "allreduce" else f"{self.collective}-"
+        return f"{head}w{self.world}-{size_name(self.nbytes)}-{self.label.replace('/', '-')}"
+
+    @property
+    def measured_bytes(self) -> int:
+        """The size the job reports for ``nbytes`` (float32; rounded down to whole chunks, nccl-tests')."""
+        from pycoll.bench.collectives import get_collective
+
+        return get_collective(self.collective).count(self.nbytes, 4, self.world) * 4
 
 
 def size_name(nbytes: int) -> str:
@@ -117,7 +129,8 @@ def size_name(nbytes: int) -> str:
 
 @dataclass
 class Grid:
-    """What the suite measures: every world x size x (pycoll algorithm x codec, and each baseline)."""
+    """What the suite measures: every collective x world x size x (pycoll algorithm x codec where the
+    collective takes it, and each baseline)."""
 
     worlds: list[int]
     sizes: list[int]
@@ -129,16 +142,28 @@ class Grid:
     timeout_s: float = 600.0
     #: Baselines that cannot run here, per world: the reason their cases skip.
     unavailable: dict[tuple[str, int], str] = field(default_factory=dict)
+    collectives: list[str] = field(default_factory=lambda: ["allreduce"])
 
-    def points(self) -> list[Point]:
+    def pairs(self, collective: str) -> list[tuple[str, str]]:
+        """pycoll's (algorithm, codec) of ``collective``: the grid's algorithms it has, codecs where it
+        takes them (``pycoll.bench.variants.codec_pairs``)."""
+        from pycoll.bench.collectives import get_collective
+        from pycoll.bench.variants import codec_pairs
+
+        has = get_collective(collective).algorithms
+        return codec_pairs(collective, [a for a in self.algorithms if a == "auto" or a in has], self.codecs)
+
+    def points(self, collectives: Sequence[str] | None = None) -> list[Point]:
+        """The cases of ``collectives`` (default: the grid's)."""
         out = []
-        for world in self.worlds:
-            for nbytes in self.sizes:
-                for algorithm in self.algorithms:
-                    for codec in self.codecs:
-                        out.append(Point(world, nbytes, "pycoll", algorithm, codec))
-                for name in self.baselines:
-                    out.append(Point(world, nbytes, name, "default", "none"))
+        for collective in [c for c in self.collectives if collectives is None or c in collectives]:
+            pairs = self.pairs(collective)
+            for world in self.worlds:
+                for nbytes in self.sizes:
+                    out += [Point(world, nbytes, "pycoll", a, c, collective) for a, c in pairs]
+                    out += [
+                        Point(world, nbytes, name, "default", "none", collective) for name in self.baselines
+                    ]
         return out
 
     def available_baselines(self, world: int) -> list[str]:
@@ -154,19 +179,22 @@ class Grid:
             raise ValueError(f"sizes must grow by one whole factor, got {sizes}")
         return sizes[0], sizes[-1], factor
 
-    def command(self, world: int, json_path: str) -> list[str]:
-        """The job measuring every point of ``world``: ``pycoll bench`` with all variants."""
+    def command(self, world: int, json_path: str, collective: str = "allreduce") -> list[str]:
+        """The job measuring every point of ``world`` and ``collective``: ``pycoll bench`` with all
+        variants."""
         from pycoll.bench import jobs
 
         low, high, factor = self.sweep()
+        algorithms = sorted({a for a, _ in self.pairs(collective)}, key=self.algorithms.index)
         job = jobs.Job(
             ranks=world,
+            collective=collective,
             minbytes=low,
             maxbytes=high,
             stepfactor=factor,
             iters=self.iters,
             warmup_iters=self.warmup,
-            algorithm=tuple(self.algorithms),
+            algorithm=tuple(algorithms),
             compression=tuple(self.codecs),
             baseline=tuple(self.available_baselines(world)),
             json=json_path,
@@ -194,13 +222,14 @@ class Job:
     records: dict[tuple[int, str, str, str], dict[str, Any]]
     wall_s: float
     output: str
+    collective: str = "allreduce"
 
     def record(self, point: Point) -> dict[str, Any]:
-        key = (point.nbytes, point.library, point.algorithm, point.codec)
+        key = (point.measured_bytes, point.library, point.algorithm, point.codec)
         if key not in self.records:
             raise JobFailed(
-                f"the {self.world}-rank job wrote no result for {point.label} at {point.nbytes} bytes "
-                f"(it wrote {len(self.records)}); its output ends:\n{_tail(self.output)}"
+                f"the {self.world}-rank {self.collective} job wrote no result for {point.label} at "
+                f"{point.nbytes} bytes (it wrote {len(self.records)}); its output ends:\n{_tail(self.output)}"
             )
         return self.records[key]
 
@@ -209,7 +238,9 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_job(cmd: list[str], json_path: Path, timeout_s: float, world: int) -> Job:
+def run_job(
+    cmd: list[str], json_path: Path, timeout_s: float, world: int, collective: str = "allreduce"
+) -> Job:
     """Run one job, killing it (and its ranks) past ``timeout_s``; its records keyed by point."""
     from pycoll.bench.report import read_json_lines
 
@@ -245,7 +276,7 @@ def run_job(cmd: list[str], json_path: Path, timeout_s: float, world: int) -> Jo
     except (OSError, ValueError) as exc:
         raise JobFailed(f"the {world}-rank job wrote no readable results ({exc})\n{_tail(output)}") from None
     records = {(int(r["bytes"]), r["library"], r["algorithm"], r["codec"]): r for r in rows}
-    return Job(world, cmd, records, wall, output)
+    return Job(world, cmd, records, wall, output, collective)
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
@@ -264,23 +295,24 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 
 
 class JobCache:
-    """One job per world size, run on first use; later uses get its records, or its error again."""
+    """One job per world size and collective, run on first use; later uses get its records, or its
+    error again."""
 
     def __init__(self, grid: Grid, workdir: Path) -> None:
         self.grid = grid
         self.workdir = workdir
-        self._done: dict[int, Job | JobFailed] = {}
+        self._done: dict[tuple[int, str], Job | JobFailed] = {}
 
-    def get(self, world: int) -> Job:
-        if world not in self._done:
-            json_path = self.workdir / f"allreduce-{world}ranks.jsonl"
+    def get(self, world: int, collective: str = "allreduce") -> Job:
+        key = (world, collective)
+        if key not in self._done:
+            json_path = self.workdir / f"{collective}-{world}ranks.jsonl"
+            cmd = self.grid.command(world, str(json_path), collective)
             try:
-                self._done[world] = run_job(
-                    self.grid.command(world, str(json_path)), json_path, self.grid.timeout_s, world
-                )
+                self._done[key] = run_job(cmd, json_path, self.grid.timeout_s, world, collective)
             except JobFailed as exc:
-                self._done[world] = exc
-        result = self._done[world]
+                self._done[key] = exc
+        result = self._done[key]
         if isinstance(result, JobFailed):
             raise JobFailed(str(result)) from None  # a fresh one per case: no stacked tracebacks
         return result
@@ -300,8 +332,28 @@ def extra_info(point: Point, record: dict[str, Any]) -> dict[str, Any]:
         "algorithm": point.algorithm,
         "codec": point.codec,
         "world": point.world,
-        "bytes": point.nbytes,
+        "collective": point.collective,
+        "bytes": record["bytes"],
         "dtype": record.get("dtype", "float32"),
         "library_version": record.get("library_version"),
         "time_us": record["time_us"],
     }
+
+
+def check_point(benchmark: Any, bench_jobs: JobCache, bench_grid: Grid, point: Point) -> None:
+    """One test case: replay ``point``'s measured times into ``benchmark`` (skipped, with the reason,
+    when its baseline cannot run here); fail if its results were wrong."""
+    import pytest
+
+    reason = bench_grid.unavailable.get((point.library, point.world))
+    if reason:
+        pytest.skip(reason)
+    record = bench_jobs.get(point.world, point.collective).record(point)
+    from pycoll.bench.collectives import get_collective
+
+    label = get_collective(point.collective).label  # "all-reduce": the groups' names as before
+    what = f"{label} {record.get('dtype', 'float32')} {record.get('redop', 'sum')}"
+    benchmark.group = f"{what}, {point.world} ranks, {size_name(point.nbytes)}"
+    benchmark.extra_info.update(extra_info(point, record))
+    replay(benchmark, [t * 1e-6 for t in record["times_us"]])
+    assert record["wrong"] == 0, f"{point.label}: {record['wrong']} wrong elements at {point.nbytes} bytes"

@@ -4,6 +4,7 @@ measures is in _suite.py.
     pytest bench/ --benchmark-only                        # worlds 2 and 4, 4K..16M, every variant
     pytest bench/ --benchmark-only --quick                # a smoke subset, well under a minute
     pytest bench/ --benchmark-only --bench-worlds 2 --bench-sizes 1M,16M --bench-codecs none,int8
+    pytest bench/ --benchmark-only --bench-collectives reduce_scatter   # one collective only
     pytest bench/ --benchmark-only --benchmark-save=base  # then, later: --benchmark-compare=0001
 """
 
@@ -22,6 +23,7 @@ import _suite  # noqa: E402
 
 #: The default grid: sized to finish within 10 minutes on the 2-vCPU development VM.
 DEFAULTS = {
+    "collectives": "allreduce,reduce_scatter,all_gather",
     "worlds": "2,4",
     "sizes": "4K,64K,1M,16M",
     "algorithms": "ring,tree,direct",
@@ -33,6 +35,7 @@ DEFAULTS = {
 }
 #: --quick: one world, two sizes, four pycoll variants and the CPU baselines, few iterations.
 QUICK = {
+    "collectives": "allreduce,reduce_scatter,all_gather",
     "worlds": "2",
     "sizes": "4K,1M",
     "algorithms": "ring,direct",
@@ -45,9 +48,12 @@ QUICK = {
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("pycoll-bench", "pycoll all-reduce benchmark suite (bench/)")
+    group = parser.getgroup("pycoll-bench", "pycoll collectives' benchmark suite (bench/)")
     group.addoption(
         "--quick", action="store_true", help="smoke subset: world 2, sizes 4K and 1M, few variants"
+    )
+    group.addoption(
+        "--bench-collectives", default=None, help=f"collectives timed ({DEFAULTS['collectives']})"
     )
     group.addoption("--bench-worlds", default=None, help=f"world sizes ({DEFAULTS['worlds']})")
     group.addoption("--bench-sizes", default=None, help=f"message sizes, geometric ({DEFAULTS['sizes']})")
@@ -95,10 +101,11 @@ def _grid(config: pytest.Config) -> _suite.Grid:
         return str(base[name]) if value is None else str(value)
 
     from pycoll.bench import baselines
-    from pycoll.bench.options import parse_size
+    from pycoll.bench.options import parse_collective, parse_size
 
     try:
         grid = _suite.Grid(
+            collectives=[parse_collective(c) for c in _suite.parse_list(option("collectives"))],
             worlds=[int(w) for w in _suite.parse_list(option("worlds"))],
             sizes=[parse_size(s) for s in _suite.parse_list(option("sizes"))],
             algorithms=_suite.parse_list(option("algorithms")),
@@ -123,8 +130,10 @@ def _grid(config: pytest.Config) -> _suite.Grid:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``point``: the grid's cases of the collectives the test module times (its ``COLLECTIVES``)."""
     if "point" in metafunc.fixturenames:
-        points = _grid(metafunc.config).points()
+        collectives = getattr(metafunc.module, "COLLECTIVES", ("allreduce",))
+        points = _grid(metafunc.config).points(collectives)
         metafunc.parametrize("point", points, ids=[p.id for p in points])
 
 
@@ -150,5 +159,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # ty
         return
     for job in cache.jobs():
         terminalreporter.write_line(
-            f"pycoll bench job, {job.world} ranks: {len(job.records)} points in {job.wall_s:.1f} s"
+            f"pycoll bench job, {job.collective}, {job.world} ranks: {len(job.records)} points in "
+            f"{job.wall_s:.1f} s"
         )

@@ -4,24 +4,19 @@ size, as pytest-benchmark results (``pytest bench/ --benchmark-only``; options i
 Each case replays the per-iteration slowest-rank times that its world's job measured (see _suite.py),
 so pytest-benchmark's min / median / max are those of the all-reduce itself, and saves busbw, algbw,
 the codec's error and #wrong in ``extra_info``. A case whose all-reduce returned a wrong result fails
-after its times are recorded.
+after its times are recorded. test_reduce_scatter_all_gather.py does the same for those two.
 """
 
 from __future__ import annotations
 
 import pytest
-from _suite import Grid, JobCache, Point, extra_info, replay, replay_timer, size_name
+from _suite import Grid, JobCache, Point, check_point, replay_timer
 
 pytestmark = pytest.mark.benchmark(timer=replay_timer)
 
+#: The collectives whose points the tests of this module get (conftest.pytest_generate_tests).
+COLLECTIVES = ("allreduce",)
+
 
 def test_allreduce(benchmark, bench_jobs: JobCache, bench_grid: Grid, point: Point) -> None:  # type: ignore[no-untyped-def]
-    reason = bench_grid.unavailable.get((point.library, point.world))
-    if reason:
-        pytest.skip(reason)
-    record = bench_jobs.get(point.world).record(point)
-    benchmark.group = f"all-reduce {record.get('dtype', 'float32')} {record.get('redop', 'sum')}, " \
-        f"{point.world} ranks, {size_name(point.nbytes)}"
-    benchmark.extra_info.update(extra_info(point, record))
-    replay(benchmark, [t * 1e-6 for t in record["times_us"]])
-    assert record["wrong"] == 0, f"{point.label}: {record['wrong']} wrong elements at {point.nbytes} bytes"
+    check_point(benchmark, bench_jobs, bench_grid, point)

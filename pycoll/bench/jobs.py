@@ -1,5 +1,5 @@
 """The job protocol: a ``Job`` says what to benchmark on how many local ranks, and ``run_job(job)``
-runs it and collects the results. Every program that times all-reduces over several ranks goes
+runs it and collects the results. Every program that times collectives over several ranks goes
 through here: ``pycoll bench``, calibration (pycoll/tuning/calibrate.py), the pytest-benchmark suites
 and the scripts in bench/.
 
@@ -59,10 +59,13 @@ _LIST_FIELDS = ("op", "datatype", "algorithm", "compression", "baseline", "prefi
 @dataclass(frozen=True)
 class Job:
     """One benchmark job: ``ranks`` local ranks timing every variant (algorithm x codec, and the
-    baselines) of every (type, op) interleaved, size by size, as ``pycoll bench`` does."""
+    baselines) of ``collective`` for every (type, op) interleaved, size by size, as ``pycoll bench``
+    does."""
 
     #: Local rank processes to start.
     ranks: int = 4
+    #: "allreduce", "reduce_scatter" or "all_gather" (``--collective``; ``pycoll.bench.collectives``).
+    collective: str = "allreduce"
     #: Sizes: ``minbytes``, ``minbytes * stepfactor``, ... up to ``maxbytes`` (``-b`` / ``-e`` / ``-f``).
     minbytes: int = 4096
     maxbytes: int = 64 << 20
@@ -90,6 +93,10 @@ class Job:
     table: bool = True
     #: The error budget of the codec "auto".
     error_budget: float = 1e-2
+    #: Calls per (size, variant) whose network traffic is counted (``--link-bytes``; 0: none), on
+    #: interface ``link_iface`` (None: the one PYCOLL_SOCKET_IFNAME names): ``pycoll.bench.link``.
+    link_iters: int = 0
+    link_iface: str | None = None
     #: Added to the ranks' environment (launcher side only).
     env: Mapping[str, str] | None = field(default=None, compare=False)
     #: A wrapper command the launcher (or mpirun) runs under (launcher side only).

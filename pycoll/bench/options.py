@@ -1,6 +1,6 @@
 """The flags every benchmark program takes (``pycoll bench``, the baseline scripts, calibration's):
-nccl-tests' -b/-e/-f sizes, -n/-w iterations, -c check, --json, and the lists of ``pycoll bench``'s
--o / -d / --algorithm / --compression / --baseline."""
+nccl-tests' -b/-e/-f sizes, -n/-w iterations, -c check, --json, and ``pycoll bench``'s --collective and
+the lists of its -o / -d / --algorithm / --compression / --baseline."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from pycoll.bench.collectives import COLLECTIVES
 from pycoll.bench.inputs import DATATYPES, REDOPS
 
 __all__ = [
@@ -15,8 +16,10 @@ __all__ = [
     "BASELINES",
     "COMPRESSIONS",
     "add_sweep_arguments",
+    "nonnegative_int",
     "parse_algorithms",
     "parse_baselines",
+    "parse_collective",
     "parse_compression",
     "parse_datatypes",
     "parse_ops",
@@ -59,7 +62,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _nonnegative_int(text: str) -> int:
+def nonnegative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
@@ -86,7 +90,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-w",
         "--warmup_iters",
-        type=_nonnegative_int,
+        type=nonnegative_int,
         default=None,
         metavar="N",
         help="warm-up iterations (auto)",
@@ -123,6 +127,16 @@ def _parse_list(
             f"{what} must be one of {', '.join(choices)} or a comma list of them{extra}, got {text!r}"
         )
     return list(dict.fromkeys(names))
+
+
+def parse_collective(text: str) -> str:
+    """'allreduce', 'reduce_scatter' or 'all_gather' (also spelled with '-' or without a separator, as
+    nccl-tests' all_reduce_perf, reduce_scatter_perf, all_gather_perf) -> the name."""
+    key = text.strip().lower().replace("-", "").replace("_", "")
+    for name in COLLECTIVES:
+        if name.replace("_", "") == key:
+            return name
+    raise argparse.ArgumentTypeError(f"collective must be one of {', '.join(COLLECTIVES)}, got {text!r}")
 
 
 def parse_compression(text: str) -> list[str]:

@@ -27,6 +27,8 @@ from pycoll.bench.timing import (
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
+
+    from pycoll.bench.link import LinkCounter
 else:
     DTypeLike = Any
 
@@ -175,24 +177,27 @@ def result_to_dict(result: Result, **extra: Any) -> dict[str, Any]:
 
     The ``Result`` fields win over ``extra``, except an empty ``library`` / ``algorithm`` (a caller
     that did not name them in its variants), which ``extra`` may then give. ``label`` (the series'
-    name, ``variant_label``) is added; ``times_us`` is a list."""
+    name, ``variant_label``) is added; ``times_us`` and the ``link_tx_*`` fields are lists."""
     record = dict(extra)
     for key, value in asdict(result).items():
         if key in ("library", "algorithm") and not value and key in extra:
             continue
-        record[key] = list(value) if key == "times_us" else value
+        record[key] = list(value) if key in _TUPLE_FIELDS else value
     record["label"] = variant_label(record.get("library", ""), record.get("algorithm", ""), result.codec)
     return record
 
 
 _RESULT_FIELDS = tuple(f.name for f in fields(Result))
+#: ``Result`` fields that are tuples (lists in JSON).
+_TUPLE_FIELDS = ("times_us", "link_tx_bytes", "link_tx_packets", "link_tx_retrans")
 
 
 def result_from_dict(record: Mapping[str, Any]) -> Result:
     """The ``Result`` a JSON record (``result_to_dict``) was made from; other keys are ignored."""
     values = {key: record[key] for key in _RESULT_FIELDS if key in record}
-    if "times_us" in values:
-        values["times_us"] = tuple(float(t) for t in values["times_us"])
+    for key in _TUPLE_FIELDS:
+        if key in values:
+            values[key] = tuple(float(t) for t in values[key])
     return Result(**values)
 
 
@@ -306,6 +311,7 @@ def run_and_report(
     sweeps: Sequence[tuple[DTypeLike, Sequence[Variant]]] | None = None,
     record_meta: Callable[[Result], Mapping[str, Any]] | None = None,
     progress: ProgressLine | None = None,
+    link: LinkCounter | None = None,
 ) -> list[Result]:
     """Run ``run_allreduce_sweep`` with the flags of ``add_sweep_arguments`` (``args``: their parsed
     namespace, or a ``pycoll.bench.jobs.Job``, which has the same attributes); rank 0 prints the table
@@ -316,7 +322,8 @@ def run_and_report(
     (``run_interleaved_sweep``), one row per size and variant, with codec columns if any variant has a
     codec and the variant column if they come from several libraries or algorithms. ``sweeps``, a list
     of (dtype, variants), runs one interleaved sweep after the other (e.g. one per type and op) into one
-    table. ``progress`` (used on rank 0 only) is drawn while the sweeps run and wiped before each row."""
+    table. ``progress`` (used on rank 0 only) is drawn while the sweeps run and wiped before each row.
+    ``link``: count each rank's network traffic per call (``run_interleaved_sweep``)."""
     lead = rank == 0
     if print_fn is None:
         print_fn = _print_flush
@@ -362,6 +369,7 @@ def run_and_report(
                 dtype=dtype,
                 on_result=show,
                 progress=progress,
+                link=link,
                 **kwargs,
             )
     finally:

@@ -1,21 +1,33 @@
-"""``pycoll bench``: an nccl-tests-style all-reduce benchmark of pycoll on N local ranks.
+"""``pycoll bench``: an nccl-tests-style benchmark of pycoll's all-reduce, reduce-scatter or all-gather on
+N local ranks.
 
-    pycoll bench --ranks 4                        # 4 KiB .. 64 MiB float32 sum, results checked
+    pycoll bench --ranks 4                        # all-reduce, 4 KiB .. 64 MiB float32 sum, checked
     pycoll bench --ranks 2 -b 1M -e 1M -n 50 --algorithm ring --json out.jsonl
     pycoll bench --ranks 2 -b 1M -e 64M -f 4 --compression none,fp16,bf16,int8,int4
     pycoll bench --ranks 2 -o all -d all -b 4K -e 64K       # every op on every type
     pycoll bench --ranks 4 --algorithm ring,tree,direct --baseline gloo,mpi --plot busbw.png
+    pycoll bench --ranks 4 --collective reduce_scatter --algorithm ring,direct --compression none,int8
+    pycoll bench --ranks 4 --collective all_gather --baseline gloo,mpi
 
 Flags (nccl-tests' all_reduce_perf names where it has them):
 
+    --collective C    allreduce, reduce_scatter or all_gather (allreduce): nccl-tests' all_reduce_perf,
+                      reduce_scatter_perf, all_gather_perf. Size is the whole buffer (the all-reduce's,
+                      the reduce-scatter's input, the all-gather's output); busbw = algbw * 2(n-1)/n for
+                      all-reduce, algbw * (n-1)/n for the other two
     -b/-e/-f SIZE     smallest / largest size, multiplier (4K, 64M, 2)
     -n/-w N           timed / warm-up iterations per size (auto: fewer for larger sizes)
     -c 0|1            check every result (1)
     -o OP             sum prod min max avg, a comma list, or all (sum)
     -d TYPE           float half bfloat16 double int32 int64 int8 uint8, a comma list, or all (float)
-    --algorithm A     auto ring tree direct hierarchical, or a comma list (auto)
-    --compression C   none fp16 bf16 int8 int4, or a comma list (none); float + sum/avg only
+    --algorithm A     auto ring tree direct hierarchical, or a comma list (auto); reduce-scatter: auto
+                      ring direct hierarchical; all-gather: auto ring direct
+    --compression C   none fp16 bf16 int8 int4, or a comma list (none); float + sum/avg only; a
+                      compressed reduce-scatter runs direct or hierarchical (or auto) only, an
+                      all-gather direct (or auto)
     --baseline B      gloo mpi nccl, or a comma list: the other library timed in the same ranks
+    --link-bytes N    after each size and variant, N more calls whose bytes on the network interface
+                      (--link-iface, else PYCOLL_SOCKET_IFNAME) are counted: JSON link_tx_bytes
     --json FILE       one JSON object per row (below)
     --plot FILE.png   busbw against size, one line per series (needs matplotlib)
 
@@ -30,14 +42,19 @@ that type whatever order the ranks add in, and is compared bit for bit with a cl
 rank-dependent), ``error`` is the relative L2 error ||out - exact|| / ||exact|| against the float64
 exact sum (worst iteration), ``#wrong`` counts elements outside the codec's derived error bound
 (pycoll/compression/bounds.py), and algbw / busbw are *effective* (uncompressed bytes over the time).
+A reduce-scatter is held to its chunk of the all-reduce's result; an all-gather's rank r gives
+``r + 1 + (i % 7)`` and every rank must end with all of them in rank order (compressed: each chunk
+within one quantization of the codec).
 
 JSON records (``--json``; one per row, what ``pycoll.bench.report.result_to_dict`` writes): ``library``
 (pycoll, gloo, mpi, nccl), ``algorithm`` (an ``--algorithm`` name; "default" for a baseline), ``codec``
 ("none" or the codec), ``label`` (the series: ``pycoll/ring``, ``pycoll/direct/int8``, ``gloo``),
-``bytes``, ``count``, ``dtype``, ``redop``, ``world``, ``time_us`` (median over iterations of the
-slowest rank's time), ``times_us`` (those per-iteration slowest-rank times, in the order run),
-``algbw_GBps``, ``busbw_GBps``, ``wrong``, ``rel_error``, ``iters``, ``warmup``, ``library_version``,
-``host``; compressed pycoll rows also ``codec_algorithm`` (the plan that ran) and ``codecs``.
+``collective``, ``bytes``, ``count``, ``dtype``, ``redop`` ("none" for the all-gather), ``world``,
+``time_us`` (median over iterations of the slowest rank's time), ``times_us`` (those per-iteration
+slowest-rank times, in the order run), ``algbw_GBps``, ``busbw_GBps``, ``wrong``, ``rel_error``,
+``iters``, ``warmup``, ``library_version``, ``host``; pycoll rows also ``fragment_bytes``, compressed ones
+``codec_algorithm`` (the plan that ran) and ``codecs``; with ``--link-bytes`` ``link_tx_bytes`` /
+``link_tx_packets`` (per rank, per call) and ``link_iface``.
 
 Without ``--worker`` this process only launches: the flags become a ``pycoll.bench.jobs.Job`` and
 ``run_job`` starts ``--ranks`` local rank processes with ``pycoll run``'s launcher, each running
@@ -57,14 +74,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pycoll.bench.collectives import COLLECTIVES, get_collective
 from pycoll.bench.inputs import CODEC_OPS
 from pycoll.bench.jobs import Job, run_job
 from pycoll.bench.options import (
     ALGORITHMS,
     COMPRESSIONS,
     add_sweep_arguments,
+    nonnegative_int,
     parse_algorithms,
     parse_baselines,
+    parse_collective,
     parse_compression,
     parse_datatypes,
     parse_ops,
@@ -82,7 +102,9 @@ __all__ = [
 DEFAULT_RANKS = 4
 
 
-DESCRIPTION = "All-reduce benchmark (nccl-tests style table) of pycoll on N local ranks."
+DESCRIPTION = (
+    "All-reduce, reduce-scatter or all-gather benchmark (nccl-tests style table) of pycoll on N local ranks."
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +115,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_RANKS,
         metavar="N",
         help=f"number of local ranks to start ({DEFAULT_RANKS})",
+    )
+    parser.add_argument(
+        "--collective",
+        type=parse_collective,
+        default="allreduce",
+        metavar="C",
+        help=f"the collective timed: {', '.join(COLLECTIVES)} (allreduce), as nccl-tests' "
+        "all_reduce_perf, reduce_scatter_perf, all_gather_perf",
     )
     add_sweep_arguments(parser)
     parser.add_argument(
@@ -134,6 +164,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="LIB[,LIB...]",
         help="also time gloo (torch), mpi (mpi4py under mpirun) or nccl (CUDA torch) in the same ranks, "
         "interleaved with pycoll",
+    )
+    parser.add_argument(
+        "--link-bytes",
+        type=nonnegative_int,
+        default=0,
+        metavar="N",
+        help="after each size and variant, N more calls whose bytes on the network interface are counted "
+        "(JSON link_tx_bytes / link_tx_packets, per rank and call; 0: off)",
+    )
+    parser.add_argument(
+        "--link-iface",
+        default=None,
+        metavar="IF",
+        help="the interface --link-bytes reads (/sys/class/net/IF/statistics) (PYCOLL_SOCKET_IFNAME)",
     )
     parser.add_argument(
         "--plot", metavar="FILE.png", default=None, help="draw busbw against size into FILE (matplotlib)"
@@ -184,7 +228,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return add_command(
         subparsers,
         "bench",
-        help="all-reduce benchmark on N local ranks",
+        help="all-reduce / reduce-scatter / all-gather benchmark on N local ranks",
         description=DESCRIPTION,
         epilog=__doc__,
         configure=configure_parser,
@@ -219,6 +263,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     codecs = [c for c in _listed(args, "compression", ["none"]) if c != "none"]
     ops = _listed(args, "op", ["sum"])
     dtypes = _listed(args, "datatype", ["float32"])
+    problem = _check_collective(args, codecs, ops)
+    if problem:
+        return problem
     if codecs:
         bad_ops = [op for op in ops if op not in CODEC_OPS]
         bad_types = [d for d in dtypes if d != "float32"]
@@ -232,6 +279,28 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"-o avg needs a floating-point -d (float, half, bfloat16, double), got {','.join(dtypes)}"
     if getattr(args, "ranks", 1) < 1:
         return f"--ranks must be >= 1, got {args.ranks}"
+    return None
+
+
+def _check_collective(args: argparse.Namespace, codecs: list[str], ops: list[str]) -> str | None:
+    """What ``--collective`` rules out among the other flags, in one line; None when nothing."""
+    coll = get_collective(getattr(args, "collective", "allreduce"))
+    if coll.name == "allreduce":
+        return None
+    what = f"--collective {coll.name}"
+    algorithms = _listed(args, "algorithm", ["auto"])
+    bad = [a for a in algorithms if a != "auto" and a not in coll.algorithms]
+    if bad:
+        return f"{what} runs --algorithm auto, {', '.join(coll.algorithms)}; not {', '.join(bad)}"
+    if codecs and not any(a in coll.codec_algorithms for a in algorithms):
+        return (
+            f"a compressed {coll.name} runs algorithm {coll.codec_plans} (each element quantized once): "
+            f"add one to --algorithm for --compression {','.join(codecs)}"
+        )
+    if not coll.reduces and ops != ["sum"]:
+        return f"{what} reduces nothing: -o {','.join(ops)} does not apply"
+    if getattr(args, "calibrate", False):
+        return f"--calibrate fits the all-reduce's cost model; not {what}"
     return None
 
 
@@ -258,6 +327,7 @@ def job_from_args(args: argparse.Namespace) -> Job:
     absolute (the ranks may start elsewhere)."""
     return Job(
         ranks=getattr(args, "ranks", DEFAULT_RANKS),
+        collective=getattr(args, "collective", "allreduce"),
         minbytes=args.minbytes,
         maxbytes=args.maxbytes,
         stepfactor=args.stepfactor,
@@ -273,17 +343,19 @@ def job_from_args(args: argparse.Namespace) -> Job:
         plot=os.path.abspath(args.plot) if getattr(args, "plot", None) else None,
         plot_yscale=getattr(args, "plot_yscale", "linear"),
         progress=getattr(args, "progress", "auto"),
+        link_iters=getattr(args, "link_bytes", 0),
+        link_iface=getattr(args, "link_iface", None),
     )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``pycoll bench`` with parsed ``args``; returns the process exit code."""
-    if getattr(args, "calibrate", False) and not args.worker:
-        return _calibrate(args)
     problem = check_arguments(args)
     if problem:
         print(f"pycoll bench: error: {problem}", file=sys.stderr)
         return 2
+    if getattr(args, "calibrate", False) and not args.worker:
+        return _calibrate(args)
     problem = _preflight(args, launcher=not args.worker)
     if problem:
         print(f"pycoll bench: {problem}", file=sys.stderr)

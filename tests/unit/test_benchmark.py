@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycoll.bench import inputs, options, report, timing
+from pycoll.bench import collectives, inputs, link, options, report, timing
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"min_bytes": 64, "max_bytes": 1024, "factor": 4, "iters": 3, "warmup": 1}
@@ -59,6 +59,17 @@ class ThreadWorld:
     def reduce_max(self, rank: int, a: np.ndarray) -> np.ndarray:
         self._reduce(rank, a, np.maximum)
         return a
+
+    def reduce_scatter(self, rank: int, x: np.ndarray, out: np.ndarray) -> None:
+        total = x.copy()
+        self.allreduce(rank, total)
+        out[...] = total[rank * out.size : (rank + 1) * out.size]
+
+    def all_gather(self, rank: int, x: np.ndarray, out: np.ndarray) -> None:
+        self._slots[rank] = x.copy()
+        self._barrier.wait()
+        out[...] = np.concatenate([s for s in self._slots if s is not None])
+        self._barrier.wait()
 
     def run(self, body: Callable[[int], list[timing.Result]]) -> list[list[timing.Result]]:
         """Run ``body(rank)`` on every rank; return each rank's results, re-raising a rank's error."""
@@ -242,6 +253,107 @@ def test_threaded_world_counts_wrong_across_ranks() -> None:
     assert [r.wrong for r in per_rank[0]] == [4, 4, 4]
 
 
+def _collective_world(
+    n: int, name: str, call: Callable[..., None], **kwargs: object
+) -> list[list[timing.Result]]:
+    """A sweep of ``call(world, rank, x, out)`` as collective ``name`` on ``n`` thread ranks."""
+    world = ThreadWorld(n)
+    op = "sum" if collectives.get_collective(name).reduces else "none"
+
+    def body(rank: int) -> list[timing.Result]:
+        variant = timing.Variant("none", lambda *a: call(world, rank, *a), collective=name, op=op)
+        reduce_max = lambda a: world.reduce_max(rank, a)  # noqa: E731
+        return timing.run_interleaved_sweep(
+            [variant], world.barrier, reduce_max, rank, n, **{**SMALL, **kwargs}
+        )  # type: ignore[arg-type]
+
+    return world.run(body)
+
+
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_gather"])
+def test_threaded_reduce_scatter_and_all_gather(name: str) -> None:
+    per_rank = _collective_world(3, name, getattr(ThreadWorld, name))
+    results = per_rank[0]
+    # 64, 256, 1024 bytes: float32 elements rounded down to a multiple of the 3 ranks, as nccl-tests
+    assert [(r.count, r.bytes) for r in results] == [(15, 60), (63, 252), (255, 1020)]
+    assert all(r.wrong == 0 and r.collective == name and r.world == 3 for r in results)
+    assert {r.redop for r in results} == {"sum" if name == "reduce_scatter" else "none"}
+    assert all(r.busbw_GBps == pytest.approx(r.algbw_GBps * 2 / 3) for r in results)
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+
+
+def test_wrong_reduce_scatter_and_all_gather_are_caught() -> None:
+    def next_ranks_chunk(world: ThreadWorld, rank: int, x: np.ndarray, out: np.ndarray) -> None:
+        total = x.copy()
+        world.allreduce(rank, total)
+        r = (rank + 1) % world.n
+        out[...] = total[r * out.size : (r + 1) * out.size]
+
+    # 15 elements, chunks of 5: chunk r+1 of n(n+1)/2 + n (i % 7) differs from chunk r everywhere
+    (results, _, _) = _collective_world(3, "reduce_scatter", next_ranks_chunk, max_bytes=64)
+    assert [r.wrong for r in results] == [15]
+
+    def leaves_out_alone(world: ThreadWorld, rank: int, x: np.ndarray, out: np.ndarray) -> None:
+        world.barrier()
+
+    (results, _, _) = _collective_world(3, "all_gather", leaves_out_alone, max_bytes=64)
+    assert [r.wrong for r in results] == [45]  # the poisoned (NaN) result, 15 elements on 3 ranks
+
+    def own_chunk_twice(world: ThreadWorld, rank: int, x: np.ndarray, out: np.ndarray) -> None:
+        world.all_gather(rank, x, out)
+        if rank == 2:
+            out[: x.size] = x  # rank 2 puts its own chunk first: 5 elements wrong (3 + k, not 1 + k)
+
+    (results, _, _) = _collective_world(3, "all_gather", own_chunk_twice, max_bytes=64)
+    assert [r.wrong for r in results] == [5]
+
+
+def test_link_counters() -> None:
+    assert link.payload_bytes(10_066, 1) == 10_000 and link.HEADER_BYTES == 14 + 20 + 32
+    assert "no network interface" in (link.why_not(None) or "")
+    assert "not an interface name" in (link.why_not("../lo") or "")
+    assert "cannot read the transmit counters of 'pycoll-none0'" in (link.why_not("pycoll-none0") or "")
+    if not Path("/sys/class/net/lo").exists():
+        pytest.skip("no /sys/class/net/lo (not Linux)")
+    assert link.why_not("lo") is None
+    before = link.LinkCounter("lo", 1).read()
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(b"x" * 1000, ("127.0.0.1", 9))  # the discard port: nothing need listen
+    after = link.LinkCounter("lo", 1).read()
+    assert after.tx_bytes - before.tx_bytes >= 1000 + 28 and after.tx_packets > before.tx_packets
+    assert after.retrans_segs >= before.retrans_segs >= 0
+    assert link.LinkCounter("lo", 1).mss == int(Path("/sys/class/net/lo/mtu").read_text()) - 52
+
+
+def test_collectives_are_what_pycoll_and_its_cost_model_say() -> None:
+    from pycoll.algorithms import ALGORITHMS
+    from pycoll.tuning.model import bus_factor
+
+    assert set(collectives.COLLECTIVES) == {"allreduce", "reduce_scatter", "all_gather"}
+    for name, coll in collectives.COLLECTIVES.items():
+        assert set(coll.algorithms) == set(ALGORITHMS[name])
+        for world in (2, 3, 8):
+            assert coll.bus_factor(world) == pytest.approx(bus_factor(name, world))
+    assert collectives.get_collective("all_gather") is collectives.COLLECTIVES["all_gather"]
+    with pytest.raises(ValueError, match="allreduce, reduce_scatter, all_gather"):
+        collectives.get_collective("broadcast")
+
+
+def test_sent_bytes_is_the_bus_factor_in_encoded_chunks() -> None:
+    float32 = lambda m: 4 * m  # noqa: E731
+    for world in (2, 4):
+        for name, share in (("allreduce", 2), ("reduce_scatter", 1), ("all_gather", 1)):
+            coll = collectives.get_collective(name)
+            assert coll.sent_bytes(1 << 20, world, float32) == share * (world - 1) / world * (4 << 20)
+    # a codec's chunks: int8's blocks of 64 elements in 68 bytes (a 4-byte scale); 16 MiB of float32, 4 ranks
+    int8 = lambda m: (m // 64) * 68 + (4 + m % 64 if m % 64 else 0)  # noqa: E731
+    rs = collectives.get_collective("reduce_scatter")
+    assert rs.sent_bytes(4 << 20, 4, int8) == 3 * (1 << 20) // 64 * 68
+    assert rs.sent_bytes(4 << 20, 1, int8) == 0
+
+
 def test_time_is_the_slowest_rank() -> None:
     delay = 0.02
 
@@ -309,6 +421,13 @@ def test_busbw_formula(world: int, factor: float) -> None:
     r = timing.make_result(1_000_000, 250_000, np.float32, 100.0, world, wrong=0)
     assert r.algbw_GBps == pytest.approx(10.0)  # 1e6 B in 100 us = 1e10 B/s
     assert r.busbw_GBps == pytest.approx(10.0 * factor)
+    # nccl-tests' reduce-scatter and all-gather: busbw = algbw * (n-1)/n, half the all-reduce's factor
+    for name in ("reduce_scatter", "all_gather"):
+        assert timing.bus_factor(world, name) == pytest.approx(factor / 2)
+        r = timing.make_result(1_000_000, 250_000, np.float32, 100.0, world, wrong=0, collective=name)
+        assert r.collective == name and r.busbw_GBps == pytest.approx(5.0 * factor)
+    with pytest.raises(ValueError, match="unknown collective"):
+        timing.bus_factor(4, "alltoall")
 
 
 def test_format_table() -> None:
@@ -452,19 +571,38 @@ def test_memcpy_bandwidth() -> None:
 
 
 #: The timing loop's modules: they import nothing of pycoll but each other.
-_TIMING_MODULES = ("timing", "inputs", "report", "options")
+_TIMING_MODULES = ("timing", "inputs", "report", "options", "collectives", "link")
+#: The functions of collectives.py that run pycoll itself, the only ones that may import the rest of it.
+_PYCOLL_SIDE = {"pycoll_call", "compressed_plan", "codec_reference", "_chunked_compressed_plan"}
+
+
+def _pycoll_imports(nodes: list[ast.stmt]) -> list[str]:
+    """The modules of pycoll outside the timing modules that ``nodes`` import (walked in depth)."""
+    own = {f"pycoll.bench.{name}" for name in _TIMING_MODULES}
+    found = []
+    for node in (n for top in nodes for n in ast.walk(top)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0
+            names = [node.module or ""]
+        found += [n for n in names if n.split(".")[0] == "pycoll" and n not in own]
+    return found
 
 
 @pytest.mark.parametrize("module", _TIMING_MODULES)
 def test_benchmark_module_imports_nothing_from_pycoll(module: str) -> None:
-    own = {f"pycoll.bench.{name}" for name in _TIMING_MODULES}
     tree = ast.parse((REPO / "pycoll" / "bench" / f"{module}.py").read_text())
+    if module != "collectives":
+        assert _pycoll_imports(tree.body) == []
+        return
+    # collectives.py: only where pycoll's own collective is called, planned or bounded
+    outside, inside = [], []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            assert not any(a.name.split(".")[0] == "pycoll" and a.name not in own for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            name = node.module or ""
-            assert node.level == 0 and (name.split(".")[0] != "pycoll" or name in own), name
+        if isinstance(node, ast.FunctionDef):
+            (inside if node.name in _PYCOLL_SIDE else outside).append(node)
+    assert _pycoll_imports([n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]) == []
+    assert all(_pycoll_imports([f]) == [] for f in outside if f.name not in _PYCOLL_SIDE)
+    assert "pycoll" in _pycoll_imports(inside)  # the test looks where the imports are
 
 
 @pytest.mark.parametrize("script", ["gloo_allreduce.py", "mpi_allreduce.py"])

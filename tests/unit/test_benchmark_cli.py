@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,42 @@ def test_codec_inputs_judge_with_the_derived_bound() -> None:
 
 
 @pytest.mark.skipif(not _native_available(), reason="pycoll's native module is not built")
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_gather"])
+def test_codec_inputs_judge_reduce_scatter_and_all_gather(name: str) -> None:
+    """A compressed reduce-scatter's or all-gather's result as pycoll's direct plan makes it (each chunk
+    encoded once, blocks from the chunk's start) is right; one pushed past the codec's bound is wrong."""
+    import numpy as np
+
+    from pycoll.bench.variants import CodecInputs
+    from pycoll.compression import Int8
+
+    codec, world, count, owner = Int8(), 3, 3000, 1
+    m = count // world  # 1000: not whole blocks of 64
+    inputs = CodecInputs(codec, "direct", collective=name)
+    xs = [inputs.input(r, world, count, np.float32) for r in range(world)]
+    assert [x.size for x in xs] == [count if name == "reduce_scatter" else m] * world
+    if name == "reduce_scatter":
+        chunks = [x[owner * m : (owner + 1) * m] for x in xs]
+        result = chunks[owner].copy()  # the owner's own share is exact, the others' decoded
+        for r in range(world):
+            if r != owner:
+                result += codec.roundtrip(chunks[r])
+        exact = np.sum([c.astype(np.float64) for c in chunks], axis=0)
+    else:
+        result = np.concatenate([codec.roundtrip(x) for x in xs])
+        exact = np.concatenate(xs).astype(np.float64)
+    judge = inputs.judge(owner, world, count, np.float32)
+    wrong, rel = judge(result)
+    assert wrong == 0 and rel == pytest.approx(np.linalg.norm(result - exact) / np.linalg.norm(exact))
+    assert 1e-4 < rel < 0.02
+    bad = result.copy()
+    bad[[0, 500, m - 1]] += 0.5  # far outside half an int8 step
+    assert judge(bad)[0] == 3
+    bad[7] = np.nan
+    assert judge(bad)[0] == 4
+
+
+@pytest.mark.skipif(not _native_available(), reason="pycoll's native module is not built")
 def test_end_to_end_compressed(tmp_path: Path) -> None:
     out = tmp_path / "bench.jsonl"
     cmd = [sys.executable, "-m", "pycoll.cli.bench", "--ranks", "2", "-b", "16K", "-e", "64K", "-f", "4"]
@@ -229,3 +267,97 @@ def test_namespace_from_main_parser_is_accepted_by_job_from_args() -> None:
     assert (job.minbytes, job.maxbytes, job.stepfactor, job.check) == (4096, 8192, 2.0, 1)
     assert job.algorithm == ("auto",) and job.iters is None and job.warmup_iters is None and job.json is None
     assert (job.op, job.datatype, job.compression, job.baseline) == (("sum",), ("float32",), ("none",), ())
+
+
+# ---------------------------------------------------------------------------------------------------
+# --collective: reduce-scatter and all-gather (nccl-tests' reduce_scatter_perf, all_gather_perf)
+
+
+def test_collective_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = bench.build_parser()
+    assert parser.parse_args([]).collective == "allreduce"
+    for text, name in (
+        ("reduce_scatter", "reduce_scatter"),
+        ("all-gather", "all_gather"),
+        ("AllReduce", "allreduce"),
+    ):
+        assert parser.parse_args(["--collective", text]).collective == name
+    job = bench.job_from_args(parser.parse_args(["--collective", "allgather", "--link-bytes", "4"]))
+    assert (job.collective, job.link_iters, job.link_iface) == ("all_gather", 4, None)
+    assert jobs.Job.from_json(job.to_json()) == job
+    for bad in (["--collective", "broadcast"], ["--collective", ""], ["--link-bytes", "-1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+    err = capsys.readouterr().err
+    assert "collective must be one of allreduce, reduce_scatter, all_gather, got 'broadcast'" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--algorithm", "ring,tree"],
+            "--collective reduce_scatter runs --algorithm auto, ring, direct, hierarchical; not tree",
+        ),
+        (
+            ["--algorithm", "ring", "--compression", "none,int8"],
+            "runs algorithm direct or hierarchical (or auto)",
+        ),
+        (["--calibrate"], "--calibrate fits the all-reduce's cost model"),
+    ],
+)
+def test_collective_rules_out_flags(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = bench.build_parser()
+    args = parser.parse_args(["--collective", "reduce_scatter", *flags])
+    assert message in (bench.check_arguments(args) or "")
+    assert bench.main(args) == 2  # refused before anything starts
+    err = capsys.readouterr().err
+    assert err.startswith("pycoll bench: error: ") and message in err and err.count("\n") == 1
+    # the same flags are fine for the all-reduce
+    assert bench.check_arguments(parser.parse_args(flags)) is None
+
+
+def test_all_gather_takes_no_op() -> None:
+    parser = bench.build_parser()
+    assert bench.check_arguments(parser.parse_args(["--collective", "all_gather", "-d", "all"])) is None
+    message = bench.check_arguments(parser.parse_args(["--collective", "all_gather", "-o", "max"]))
+    assert message == "--collective all_gather reduces nothing: -o max does not apply"
+
+
+def _run_bench(*flags: str) -> tuple[list[str], list[dict]]:
+    out_dir = Path(tempfile.mkdtemp(prefix="pycoll-bench-test-"))
+    out = out_dir / "bench.jsonl"
+    cmd = [sys.executable, "-m", "pycoll.cli.bench", "--ranks", "2", *flags, "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    shutil.rmtree(out_dir)
+    return proc.stdout.splitlines(), records
+
+
+@pytest.mark.skipif(not _native_available(), reason="pycoll's native module is not built")
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_gather"])
+def test_end_to_end_reduce_scatter_and_all_gather(name: str) -> None:
+    flags = ["--collective", name, "-b", "64K", "-e", "256K", "-f", "4", "-n", "3", "-w", "1"]
+    lines, records = _run_bench(*flags, "--algorithm", "ring,direct", "--compression", "none,int8")
+    assert f"pycoll.{name}(algorithm=ring,direct, compression=none,int8), 2 ranks" in lines[0]
+    assert "busbw = algbw * (n-1)/n" in lines[0]
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    assert [(row[0], row[4], row[5]) for row in rows] == [
+        (size, variant, codec)
+        for size in ("65536", "262144")
+        for variant, codec in (("pycoll/ring", "none"), ("pycoll/direct", "none"), ("pycoll/direct", "int8"))
+    ]
+    assert all(row[-1] == "0" for row in rows)  # #wrong: exact, or within int8's bound
+    assert {row[3] for row in rows} == {"sum" if name == "reduce_scatter" else "none"}
+    errors = [float(row[-2]) for row in rows]
+    assert errors[0::3] == errors[1::3] == [0.0, 0.0] and all(1e-3 < e < 0.02 for e in errors[2::3])
+    plans = "direct or hierarchical (or auto)" if name == "reduce_scatter" else "direct (or auto)"
+    assert f"# a compressed {name} runs algorithm {plans} only: no codec with ring" in lines
+    for r in records:
+        assert r["collective"] == name and r["wrong"] == 0 and r["world"] == 2
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)  # (n-1)/n
+        assert r["bytes"] == 4 * r["count"] and r["link_tx_bytes"] == []
+    assert records[2]["codec_algorithm"] == "direct"

@@ -151,13 +151,41 @@ def test_make_variants_every_algorithm_times_codec() -> None:
         make_variants(["star"])
 
 
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_gather"])
+def test_make_variants_of_reduce_scatter_and_all_gather(name: str) -> None:
+    """A compressed reduce-scatter or all-gather runs direct (or auto; the reduce-scatter hierarchical
+    too), not ring."""
+    variants = make_variants(["ring", "direct", "auto"], ["none", "int8", "int4"], collective=name)
+    assert [v.label for v in variants] == [
+        "pycoll/ring",
+        "pycoll/direct",
+        "pycoll/direct/int8",
+        "pycoll/direct/int4",
+        "pycoll/auto",
+        "pycoll/auto/int8",
+        "pycoll/auto/int4",
+    ]
+    op = "sum" if name == "reduce_scatter" else "none"  # the all-gather reduces nothing
+    assert all(v.collective == name and v.op == op for v in variants)
+    codec = [v.inputs for v in variants if v.codec != "none"]
+    assert all(
+        isinstance(i, CodecInputs) and i.algorithm == "direct" and i.collective.name == name for i in codec
+    )
+    assert make_variants(["ring"], ["int8"], collective=name) == []  # nothing of it runs
+    for bad in ["tree"] + (["hierarchical"] if name == "all_gather" else []):
+        with pytest.raises(ValueError, match=f"unknown algorithm '{bad}' for {name}"):
+            make_variants([bad], collective=name)
+
+
 class _FakeBaseline(baselines.Baseline):
     name = "fake"
 
-    def supports(self, op: str, dtype: Any) -> bool:
+    def supports(self, op: str, dtype: Any, collective: str = "allreduce") -> bool:
         return op != "avg" and inputs.resolve_dtype(dtype).name != "bfloat16"
 
-    def variant(self, op: str = "sum", dtype: Any = "float32") -> timing.Variant | None:
+    def variant(
+        self, op: str = "sum", dtype: Any = "float32", collective: str = "allreduce"
+    ) -> timing.Variant | None:
         if not self.supports(op, dtype):
             return None
         return timing.Variant("none", lambda x: None, library=self.name, algorithm=self.algorithm, op=op)
@@ -183,6 +211,15 @@ def test_baselines_know_what_they_reduce() -> None:
     assert gloo.supports("avg", "bfloat16") and not gloo.supports("avg", "int32")
     assert mpi.supports("prod", "int8") and mpi.supports("sum", "half")
     assert not mpi.supports("avg", "float") and not mpi.supports("sum", "bfloat16")
+    # the all-gather's op is "none"; it gathers every type the library has
+    for lib in (gloo, mpi):
+        assert lib.supports("none", "int8", "all_gather") and not lib.supports("sum", "int8", "all_gather")
+        assert lib.supports("max", "half", "reduce_scatter") and not lib.supports(
+            "none", "half", "reduce_scatter"
+        )
+    assert gloo.supports("none", "bfloat16", "all_gather") and not mpi.supports(
+        "none", "bfloat16", "all_gather"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -416,7 +453,8 @@ def test_modules_import_lightly() -> None:
     code = (
         "import sys; import pycoll.bench.timing, pycoll.bench.inputs, pycoll.bench.report, "
         "pycoll.bench.options, pycoll.bench.baselines, pycoll.bench.plots, pycoll.bench.variants, "
-        "pycoll.bench.jobs, pycoll.bench.worker, pycoll.cli.bench; "
+        "pycoll.bench.jobs, pycoll.bench.worker, pycoll.bench.collectives, pycoll.bench.link, "
+        "pycoll.cli.bench; "
         "heavy = ('pycoll._C', 'numpy', 'torch', 'mpi4py', 'matplotlib'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
@@ -478,3 +516,90 @@ def test_replay_clock_gives_pytest_benchmark_the_measured_stats(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0001_one" in proc.stdout
+
+
+def test_suite_grid_per_collective(suite: ModuleType) -> None:
+    """The suite's cases: each collective's own algorithms, codecs where it takes them, the baselines."""
+    grid = suite.Grid(
+        worlds=[3],
+        sizes=[4096],
+        algorithms=["ring", "tree", "direct"],
+        codecs=["none", "int8"],
+        baselines=["gloo"],
+        collectives=["allreduce", "reduce_scatter"],
+    )
+    labels = {c: [p.label for p in grid.points([c])] for c in grid.collectives}
+    assert labels["reduce_scatter"] == ["pycoll/ring", "pycoll/direct", "pycoll/direct/int8", "gloo"]
+    assert len(labels["allreduce"]) == 3 * 2 + 1
+    (rs,) = [p for p in grid.points(["reduce_scatter"]) if p.label == "gloo"]
+    assert rs.measured_bytes == 4092 and rs.id == "reduce_scatter-w3-4K-gloo"  # 1023 floats: 3 x 341
+    job = jobs.Job.from_json(grid.command(3, "/tmp/x.jsonl", "reduce_scatter")[-1])
+    assert job.collective == "reduce_scatter" and job.algorithm == ("ring", "direct")
+
+
+# ---------------------------------------------------------------------------------------------------
+# bench/netns_bench.py's tables: issue 36's verdicts and the bytes on the link, from records
+
+
+@pytest.fixture(scope="module")
+def netns_bench() -> ModuleType:
+    return _bench_scripts.load("netns_bench.py", "netns_bench")
+
+
+def _record(
+    label: str, codec: str, busbw: float, tx: list[float], packets: list[float], retrans: float = 0.0
+) -> dict[str, Any]:
+    library, _, rest = label.partition("/")
+    return {
+        "label": label, "library": library, "algorithm": rest.split("/")[0] or "default", "codec": codec,
+        "collective": "reduce_scatter", "bytes": 16 << 20, "count": 4 << 20, "world": 2,
+        "busbw_GBps": busbw, "link_tx_bytes": tx, "link_tx_packets": packets,
+        "link_tx_retrans": [retrans] * len(tx), "link_mss": 1000,
+    }  # fmt: skip
+
+
+def test_netns_bench_issue36_verdicts_and_link_bytes(netns_bench: ModuleType) -> None:
+    from pycoll.bench.collectives import get_collective
+
+    half = 8 << 20  # (n-1)/n of 16 MiB on 2 ranks
+    int8 = (2 << 20) // 64 * 68  # a chunk of 2 Mi elements in 68-byte blocks of 64
+    records = [
+        _record("pycoll/direct", "none", 0.10, [half + 66 * 100] * 2, [100, 100]),
+        _record(
+            "pycoll/direct/int8", "int8", 0.31, [int8 * 1.03 + 66 * 10] * 2, [10, 10], 0.05 * int8 / 1000
+        ),
+        _record("pycoll/direct/int4", "int4", 0.49, [0.0, 0.0], [0, 0]),
+        _record("gloo", "none", 0.1, [2 * half, 2 * half], [200, 200]),
+    ]
+    rs = get_collective("reduce_scatter")
+    verdicts = netns_bench.chunked_verdicts(records, rs, 2)
+    assert verdicts[1].split() == [
+        "16",
+        "MiB",
+        "pycoll/direct/int8",
+        "3.10x",
+        "gloo",
+        "(target",
+        "3x:",
+        "PASS)",
+    ]
+    assert verdicts[2].endswith("4.90x gloo (target 5x: MISS)")
+    rows = {r["label"]: netns_bench.link_row(r) for r in records}
+    assert rows["pycoll/direct"].formula == half and rows["pycoll/direct"].payload == [1.0, 1.0]
+    assert rows["pycoll/direct"].within(0.02) and not rows["pycoll/direct/int8"].within(0.02)
+    assert rows["pycoll/direct/int8"].formula == int8 and rows["gloo"].raw == [2.0, 2.0]
+    several = netns_bench.format_link_table(records, rs, 3, per_host=2)  # shared memory within a host
+    assert "PASS" not in several and "MISS" not in several and "(not judged)" in several
+    no_gloo = netns_bench.chunked_verdicts(records[:3], rs, 2)
+    assert no_gloo[1:] == ["no Gloo result to compare with (--no-gloo): not judged"]
+    uncounted = netns_bench.link_row({**records[1], "link_tx_retrans": []})
+    assert uncounted.verdict(0.02) == "MISS (within 2%): +3.00%"  # retransmissions not counted: not said
+    table = netns_bench.format_link_table(records, rs, 3).splitlines()
+    assert [line.split("  ")[-1] for line in table if "pycoll/direct" in line] == [
+        "PASS (within 2%)",
+        "MISS (within 2%): +3.00%, retransmissions <= 5.00%",  # 3% over, 5% of it may be resent
+        "MISS (within 2%): -100.00%, retransmissions <= 0.00%",  # nothing sent
+    ]
+    assert "Gloo (reduce_scatter_single) put 2.00x the formula's bytes" in "\n".join(
+        netns_bench._chunked_notes(records, rs, "1gbit")
+    )

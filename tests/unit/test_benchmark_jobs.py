@@ -51,10 +51,14 @@ def test_job_round_trips_through_json_without_the_launcher_fields() -> None:
         json="/tmp/r.jsonl",
         table=False,
         error_budget=0.05,
+        collective="reduce_scatter",
+        link_iters=5,
+        link_iface="veth0",
         env={"PYCOLL_TUNING_FILE": "none"},
         prefix=("env",),
     )
     data = json.loads(job.to_json())
+    assert (data["collective"], data["link_iters"], data["link_iface"]) == ("reduce_scatter", 5, "veth0")
     assert "env" not in data and "prefix" not in data  # they stay with the launcher
     again = Job.from_json(job.to_json())
     assert again.env is None and again.prefix == ()
