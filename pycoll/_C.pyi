@@ -99,6 +99,9 @@ class Call:
     rotation_block: int
     rotate_input: list[int]
     rotate_output: list[int]
+    exact_src: int
+    exact_dst: int
+    exact_count: int
     timeout_s: float
     program: GroupedProgram | None
     skew: bool
@@ -123,6 +126,9 @@ class Call:
         rotation_block: int = 0,
         rotate_input: list[int] | None = None,
         rotate_output: list[int] | None = None,
+        exact_src: int = 0,
+        exact_dst: int = 0,
+        exact_count: int = 0,
         timeout_s: float = 0.0,
         program: GroupedProgram | None = None,
         skew: bool = True,
@@ -200,6 +206,9 @@ class _GpuCall:
     rotation_block: int
     rotate_input_part: int
     rotate_output_part: int
+    exact_src: int
+    exact_dst: int
+    exact_count: int
     stream: int
     def __init__(self) -> None: ...
 

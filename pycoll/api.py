@@ -525,7 +525,8 @@ def reduce_scatter(
         algo = auto.algorithm(c, "reduce_scatter", algorithm, xb.nbytes, xb.itemsize, gpu)
     if gpu and algo == "hierarchical":
         raise InvalidUsageError(
-            "a hierarchical reduce-scatter runs on host memory only; on GPU memory use nccl or direct"
+            "a hierarchical reduce-scatter runs on host memory only; on GPU memory use algorithm='direct' "
+            "(or 'nccl' uncompressed)"
         )
     call = Call(
         "reduce_scatter",
@@ -663,8 +664,8 @@ def all_to_all(
     ``compression``: as for ``all_gather`` (float32, float16 or bfloat16 data): each part is encoded once
     by its sender, in codec blocks from the part's start, and decoded once by its receiver; a rank's own
     part is copied exactly (docs/compression.md#all-to-all). ``compression="auto"`` / ``error_budget``: as
-    for ``all_gather``, priced as even parts. On GPU memory only even parts run (the plan's grouped
-    program needs every rank's part sizes).
+    for ``all_gather``, with equal parts only (every rank prices the same size). On GPU memory only equal
+    parts run (the plan's grouped program needs every rank's part sizes).
     """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)
@@ -676,6 +677,11 @@ def all_to_all(
         raise InvalidUsageError(
             "all_to_all on GPU memory runs even parts only (no send_counts / recv_counts): its grouped "
             "program is lowered from every rank's plan, and uneven parts are known to their own ranks only"
+        )
+    if splits is not None and _is_auto(compression):
+        raise InvalidUsageError(
+            'compression="auto" needs equal parts (no send_counts / recv_counts): it prices the size of x, '
+            "which uneven parts make differ from rank to rank, and every rank must choose alike"
         )
     codec, _ = _chunked_compression(c, "all_to_all", compression, None, error_budget, xb, "sum", gpu)
     algo = auto.all_to_all_algorithm(algorithm)

@@ -156,3 +156,17 @@ def codec_parts(call: Call, world: int) -> tuple[list[int], list[int]]:
             return list(call.splits[0]), list(call.splits[1])
         return [count] * world, [count] * world
     return [count], [count]
+
+
+def exact_part(call: Call, rank: int) -> tuple[int, int, int] | None:
+    """(input offset, output offset, count) of the elements ``call`` must leave bit for bit as this rank's
+    input holds them: an all-to-all's own part, a compressed all-gather's own chunk with ``exact_own``;
+    None for the others. (A codec's rotation would otherwise round them, rotating there and back.)"""
+    if call.collective == "all_gather" and call.exact_own:
+        return 0, rank * call.count, call.count
+    if call.collective == "all_to_all":
+        if call.splits is None:
+            return rank * call.count, rank * call.count, call.count
+        send, recv = call.splits
+        return sum(send[:rank]), sum(recv[:rank]), send[rank]
+    return None

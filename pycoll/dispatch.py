@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pycoll import _C
-from pycoll.call import Call, codec_parts
+from pycoll.call import Call, codec_parts, exact_part
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
 from pycoll.errors import InvalidUsageError
 from pycoll.plans import PlanCache
@@ -160,6 +160,9 @@ class _HostExecutor:
         if codec is not None and codec.rotation is not None:
             args.rotation_block = codec.block_elems
             args.rotate_input, args.rotate_output = codec_parts(call, self.comm.world_size)
+            exact = exact_part(call, self.comm.rank)
+            if exact is not None:
+                args.exact_src, args.exact_dst, args.exact_count = exact
         return args
 
 

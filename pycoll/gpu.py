@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pycoll import _C
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
-from pycoll.call import Call, codec_parts
+from pycoll.call import Call, codec_parts, exact_part
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
 from pycoll.tuning.links import GPU_SEGMENT_BYTES
@@ -388,7 +388,7 @@ class GpuSide:
 
 
 # ---- the GPU executors (pycoll/dispatch.py's table) ---------------------------------------------------
-def device_call(call: Call, stream: int, world: int) -> Any:
+def device_call(call: Call, stream: int, world: int, rank: int) -> Any:
     """The native GPU call (``_C.gpu.Call``) of a plan's grouped program: pointers, codes, codec layout (and
     the parts its rotation works in, all of one size on GPU memory)."""
     d = _C.gpu.Call()
@@ -407,6 +407,9 @@ def device_call(call: Call, stream: int, world: int) -> Any:
             parts_in, parts_out = codec_parts(call, world)
             d.rotation_block = codec.block_elems
             d.rotate_input_part, d.rotate_output_part = max(parts_in[0], 1), max(parts_out[0], 1)
+            exact = exact_part(call, rank)
+            if exact is not None:
+                d.exact_src, d.exact_dst, d.exact_count = exact
     return d
 
 
@@ -479,7 +482,7 @@ class NcclExecutor(_GpuExecutor):
             run(nccl, call, stream)
             return
         plan, program = self.program(call)
-        side.nccl_native().run(plan, program, device_call(call, stream, self.comm.world_size))
+        side.nccl_native().run(plan, program, device_call(call, stream, self.comm.world_size, self.comm.rank))
 
 
 class HostStagedExecutor(_GpuExecutor):
@@ -501,7 +504,7 @@ class HostStagedExecutor(_GpuExecutor):
             program=program,
             timeout_s=self.comm.timeout if call.timeout is None else call.timeout,
             gpu=side.staged_native(),
-            device=device_call(call, stream, self.comm.world_size),
+            device=device_call(call, stream, self.comm.world_size, self.comm.rank),
         )
         self.comm.native().run(staged, call.inp.ptr, call.out.ptr)
 

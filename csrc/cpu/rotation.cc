@@ -1,5 +1,7 @@
 #include "cpu/rotation.h"
 
+#include <array>
+
 #include "cpu/isa.h"
 #include "kernels/rotation.h"
 
@@ -9,6 +11,15 @@ void rotate_part(float* x, uint64_t n, uint32_t block, bool inverse);
 }
 namespace avx2 {
 void rotate_part(float* x, uint64_t n, uint32_t block, bool inverse);
+}
+
+const uint32_t* rotation_sign_masks() {
+  static const auto masks = [] {
+    std::array<uint32_t, codec::kMaxRotationBlock> m{};
+    for (uint32_t j = 0; j < codec::kMaxRotationBlock; ++j) m[j] = codec::rotation_flips(j) ? 0x80000000u : 0u;
+    return m;
+  }();
+  return masks.data();
 }
 
 void rotate(float* x, const uint64_t* parts, size_t n_parts, uint32_t block, bool inverse) {

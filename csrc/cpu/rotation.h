@@ -10,4 +10,8 @@ namespace pycoll::cpu {
 // from its start: forward (inverse = false) or back. The same bits as the GPU kernel (cuda::rotate).
 void rotate(float* x, const uint64_t* parts, size_t n_parts, uint32_t block, bool inverse);
 
+// D's sign bit (0 or 0x80000000) of each of the kMaxRotationBlock positions of a piece (kernels/rotation.h),
+// for the vector loops.
+const uint32_t* rotation_sign_masks();
+
 }  // namespace pycoll::cpu

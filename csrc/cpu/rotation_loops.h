@@ -31,23 +31,31 @@ inline F8 flip(F8 a, U8 mask) {
   return reinterpret_cast<F8>(reinterpret_cast<U8>(a) ^ mask);
 }
 
-// D: the sign bit of every position of a piece, as vectors of 8.
-struct Signs {
-  U8 mask[codec::kMaxRotationBlock / kLanes];
-  Signs() {
-    for (uint32_t j = 0; j < codec::kMaxRotationBlock; ++j)
-      mask[j / kLanes][j % kLanes] = codec::rotation_flips(j) ? kSign : 0u;
-  }
-};
-const Signs kSigns;
+// D's sign bits for positions 8i .. 8i + 7 of a piece (rotation_sign_masks: built in the base build, so no
+// AVX2 instruction runs before the CPU is known to have it).
+inline U8 signs(uint32_t i) {
+  U8 mask;
+  std::memcpy(&mask, rotation_sign_masks() + i * kLanes, sizeof mask);
+  return mask;
+}
+
+// Lanes of `a` picked by indices (GCC's and clang's spellings of one shuffle).
+template <int... kLane>
+inline F8 pick(F8 a) {
+#if defined(__clang__)
+  return __builtin_shufflevector(a, a, kLane...);
+#else
+  return __builtin_shuffle(a, I8{kLane...});
+#endif
+}
 
 // The butterflies of strides 1, 2 and 4 inside one vector.
 inline F8 in_lanes(F8 a) {
   const U8 s1 = {0, kSign, 0, kSign, 0, kSign, 0, kSign}, s2 = {0, 0, kSign, kSign, 0, 0, kSign, kSign},
            s4 = {0, 0, 0, 0, kSign, kSign, kSign, kSign};
-  a = __builtin_shuffle(a, I8{0, 0, 2, 2, 4, 4, 6, 6}) + flip(__builtin_shuffle(a, I8{1, 1, 3, 3, 5, 5, 7, 7}), s1);
-  a = __builtin_shuffle(a, I8{0, 1, 0, 1, 4, 5, 4, 5}) + flip(__builtin_shuffle(a, I8{2, 3, 2, 3, 6, 7, 6, 7}), s2);
-  return __builtin_shuffle(a, I8{0, 1, 2, 3, 0, 1, 2, 3}) + flip(__builtin_shuffle(a, I8{4, 5, 6, 7, 4, 5, 6, 7}), s4);
+  a = pick<0, 0, 2, 2, 4, 4, 6, 6>(a) + flip(pick<1, 1, 3, 3, 5, 5, 7, 7>(a), s1);
+  a = pick<0, 1, 0, 1, 4, 5, 4, 5>(a) + flip(pick<2, 3, 2, 3, 6, 7, 6, 7>(a), s2);
+  return pick<0, 1, 2, 3, 0, 1, 2, 3>(a) + flip(pick<4, 5, 6, 7, 4, 5, 6, 7>(a), s4);
 }
 
 // One piece of kLen = 2^k elements (8 <= kLen <= kMaxRotationBlock), in place.
@@ -58,7 +66,7 @@ void rotate_vectors(float* x, bool inverse) {
   F8 r[kVectors];
   std::memcpy(r, x, sizeof r);
   if (!inverse)
-    for (uint32_t i = 0; i < kVectors; ++i) r[i] = flip(r[i], kSigns.mask[i]);
+    for (uint32_t i = 0; i < kVectors; ++i) r[i] = flip(r[i], signs(i));
   for (uint32_t i = 0; i < kVectors; ++i) r[i] = in_lanes(r[i]);
   for (uint32_t h = 1; h < kVectors; h *= 2)
     for (uint32_t i = 0; i < kVectors; i += 2 * h)
@@ -70,7 +78,7 @@ void rotate_vectors(float* x, bool inverse) {
   const float scale = codec::pow2_neg(inverse ? k / 2 : (k + 1) / 2);
   for (uint32_t i = 0; i < kVectors; ++i) r[i] *= scale;
   if (inverse)
-    for (uint32_t i = 0; i < kVectors; ++i) r[i] = flip(r[i], kSigns.mask[i]);
+    for (uint32_t i = 0; i < kVectors; ++i) r[i] = flip(r[i], signs(i));
   std::memcpy(x, r, sizeof r);
 }
 

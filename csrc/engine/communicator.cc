@@ -118,6 +118,11 @@ void Communicator::staged(const Call& c, RunArgs& args, const cpu::Codec* codec)
   } else if (ranged) {
     std::memcpy(reinterpret_cast<void*>(c.output), result, n_out * isz);
   }
+  if (rotate && c.exact_count) {  // the caller's own elements, which rotating there and back would round
+    const size_t caller_isz = dtype_size(type);
+    std::memmove(reinterpret_cast<uint8_t*>(c.output) + c.exact_dst * caller_isz,
+                 reinterpret_cast<const uint8_t*>(c.input) + c.exact_src * caller_isz, c.exact_count * caller_isz);
+  }
 }
 
 // Throws unless `parts` add up to a buffer of `n` elements (`what`: input or output).

@@ -64,6 +64,10 @@ struct Call {
   // parts (element counts, one after another: pycoll/call.py codec_parts).
   uint32_t rotation_block = 0;
   std::vector<uint64_t> rotate_input, rotate_output;
+  // With a rotation: the caller's elements [exact_src, + exact_count) of its input, copied to [exact_dst, ...)
+  // of its output at the end, which must hold them bit for bit (an all-to-all's own part, an all-gather's own
+  // chunk with exact_own), where rotating there and back would round them.
+  uint64_t exact_src = 0, exact_dst = 0, exact_count = 0;
   double timeout_s = 0;
   // With a program: run the grouped executor over this transport instead of the fragment executor.
   std::shared_ptr<GroupedProgram> program;

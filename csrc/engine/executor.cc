@@ -70,6 +70,8 @@ class Executor::PlanRunner {
 
  private:
   bool coded(const PlanOp& op) const { return codec_ && !op.uncompressed; }
+  // FragHeader::count_lo of op's message: its elements with a codec (its encoded size may not tell them).
+  uint32_t count_lo(const PlanOp& op) const { return coded(op) ? static_cast<uint32_t>(op.bytes / 4) : 0; }
   size_t frag_bytes(const PlanOp& op) const { return coded(op) ? coded_frag_bytes_ : t_.fragment_bytes(); }
   uint8_t* buffer(int32_t id) const { return id == kInput ? in_ : out_; }
   uint64_t encoded_offset(uint64_t elem) const { return encoded_.offset(elem); }
@@ -356,7 +358,7 @@ bool Executor::PlanRunner::pump_send(size_t i) {
     } else {
       encode_fragment(op, pos_[i], n, room);
     }
-    t_.commit_send(op.send_peer, FragHeader{seq_, hash_, total, pos_[i], static_cast<uint32_t>(n), 0});
+    t_.commit_send(op.send_peer, FragHeader{seq_, hash_, total, pos_[i], static_cast<uint32_t>(n), count_lo(op)});
     pos_[i] += n;
     done_[i] = pos_[i] == total;
     progressed = true;
@@ -397,6 +399,8 @@ bool Executor::PlanRunner::pump_recv(size_t i) {
     // A fragment is whole elements, or with a codec whole blocks unless it ends the message.
     const bool whole = coded(op) ? (h.bytes % block_bytes_ == 0 || pos_[i] + h.bytes == total) : h.bytes % isz_ == 0;
     check_header(t_, op.recv_peer, h, seq_, hash_, a_.desc, total, pos_[i], whole);
+    if (h.count_lo != count_lo(op))
+      throw_count_mismatch(t_.rank(), op.recv_peer, h.count_lo, count_lo(op), seq_, a_.desc);
     void* room = nullptr;
     if (sends) {
       room = t_.acquire_send(op.send_peer);
@@ -410,7 +414,8 @@ bool Executor::PlanRunner::pump_recv(size_t i) {
       codec_recv(op, pos_[i], frag, n, room);
     else
       plain_recv(op, pos_[i], frag, n, room, stream);
-    if (sends) t_.commit_send(op.send_peer, FragHeader{seq_, hash_, total, pos_[i], static_cast<uint32_t>(n), 0});
+    if (sends)
+      t_.commit_send(op.send_peer, FragHeader{seq_, hash_, total, pos_[i], static_cast<uint32_t>(n), count_lo(op)});
     t_.release_recv(op.recv_peer);
     pos_[i] += n;
     done_[i] = pos_[i] == total;

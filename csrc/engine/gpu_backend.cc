@@ -240,6 +240,12 @@ void GpuCommunicator::run(const NativePlan& plan, const GroupedProgram& program,
     e.n = n_out;
     cuda::encode(cast, e, stream);
   }
+  if (rotate && c.exact_count) {  // the caller's own elements, which rotating there and back would round
+    const size_t isz = dtype_size(c.dtype);
+    PYCOLL_CHECK_CUDA(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(c.output) + c.exact_dst * isz,
+                                      reinterpret_cast<const uint8_t*>(c.input) + c.exact_src * isz,
+                                      c.exact_count * isz, cudaMemcpyDeviceToDevice, stream));
+  }
   release_on_error.armed = false;
   workspace_.release(stream);
 }

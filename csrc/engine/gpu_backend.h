@@ -122,6 +122,9 @@ class GpuCommunicator {
     // of each part of INPUT and of OUTPUT, parts of these sizes (cuda::rotate).
     uint32_t rotation_block = 0;
     uint64_t rotate_input_part = 0, rotate_output_part = 0;
+    // With a rotation: the caller's input elements [exact_src, + exact_count) copied to [exact_dst, ...) of its
+    // output at the end (communicator.h Call).
+    uint64_t exact_src = 0, exact_dst = 0, exact_count = 0;
     uintptr_t stream = 0;
     uint64_t seq = 0;  // the collective's number; 0: this communicator counts its own
   };

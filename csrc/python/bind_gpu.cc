@@ -113,6 +113,9 @@ void bind_gpu(py::module_& m) {
       .def_readwrite("rotation_block", &Call::rotation_block)
       .def_readwrite("rotate_input_part", &Call::rotate_input_part)
       .def_readwrite("rotate_output_part", &Call::rotate_output_part)
+      .def_readwrite("exact_src", &Call::exact_src)
+      .def_readwrite("exact_dst", &Call::exact_dst)
+      .def_readwrite("exact_count", &Call::exact_count)
       .def_readwrite("stream", &Call::stream);
   py::class_<cuda::GpuCommunicator, std::shared_ptr<cuda::GpuCommunicator>>(gpu, "GpuCommunicator")
       .def(py::init([](PyComm& nccl) { return std::make_shared<cuda::GpuCommunicator>(nccl.shared()); }),

@@ -20,6 +20,7 @@
 #include "engine/grouped_executor.h"
 #include "engine/plan.h"
 #include "engine/plan_compiler.h"
+#include "kernels/rotation.h"
 #include "python/bindings.h"
 #include "python/error_translation.h"
 #include "python/numpy_args.h"
@@ -97,6 +98,9 @@ void for_each_call_field(F&& f) {
   f("rotation_block", &Call::rotation_block);
   f("rotate_input", &Call::rotate_input);
   f("rotate_output", &Call::rotate_output);
+  f("exact_src", &Call::exact_src);
+  f("exact_dst", &Call::exact_dst);
+  f("exact_count", &Call::exact_count);
   f("timeout_s", &Call::timeout_s);
   f("program", &Call::program);
   f("skew", &Call::skew);
@@ -223,7 +227,9 @@ void rotate_array(py::handle x, py::handle parts, uint32_t block, bool inverse) 
   uint64_t total = 0;
   for (size_t p = 0; p < n_parts; ++p) total += counts[p];
   if (total != array_items(x)) throw Error(ErrorKind::kInvalidUsage, "parts must add up to x's elements");
-  if (block < 1) throw Error(ErrorKind::kInvalidUsage, "block must be >= 1");
+  if (block < 1 || block > codec::kMaxRotationBlock)
+    throw Error(ErrorKind::kInvalidUsage,
+                "block must be 1 to " + std::to_string(codec::kMaxRotationBlock) + ", got " + std::to_string(block));
   py::gil_scoped_release release;
   cpu::rotate(data, counts, n_parts, block, inverse);
 }

@@ -28,15 +28,26 @@ void throw_header_mismatch(int rank, int peer, const FragHeader& got, uint64_t s
                     " and rank " + std::to_string(peer),
                 peer);
   }
-  std::string hint;
-  if (desc.collective == kAllToAll)
-    hint = ": rank " + std::to_string(peer) + "'s send_counts[" + std::to_string(rank) + "] must equal rank " +
-           std::to_string(rank) + "'s recv_counts[" + std::to_string(peer) + "]";
   throw Error(ErrorKind::kMismatch,
               "rank " + std::to_string(peer) + " sent a message of " + std::to_string(got.msg_bytes) +
                   " bytes where rank " + std::to_string(rank) + " expected " + std::to_string(expected_msg_bytes) +
-                  " in collective #" + std::to_string(seq) + " " + mine + hint,
+                  " in collective #" + std::to_string(seq) + " " + mine + sizes_hint(rank, peer, desc),
               peer);
+}
+
+void throw_count_mismatch(int rank, int peer, uint32_t got, uint32_t expected, uint64_t seq, const Descriptor& desc) {
+  throw Error(ErrorKind::kMismatch,
+              "rank " + std::to_string(peer) + " sent an encoded message of " + std::to_string(got) +
+                  " elements where rank " + std::to_string(rank) + " expected " + std::to_string(expected) +
+                  " (both encode into as many bytes) in collective #" + std::to_string(seq) + " " + describe(desc) +
+                  sizes_hint(rank, peer, desc),
+              peer);
+}
+
+std::string sizes_hint(int rank, int peer, const Descriptor& desc) {
+  if (desc.collective != kAllToAll) return "";
+  return ": rank " + std::to_string(peer) + "'s send_counts[" + std::to_string(rank) + "] must equal rank " +
+         std::to_string(rank) + "'s recv_counts[" + std::to_string(peer) + "]";
 }
 
 std::string reported_by(int rank, const std::string& message) {

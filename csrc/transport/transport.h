@@ -27,7 +27,9 @@ struct FragHeader {
   uint64_t msg_bytes;  // size of the whole message this fragment belongs to
   uint64_t offset;     // where the fragment starts within the message
   uint32_t bytes;      // payload bytes in this fragment
-  uint32_t reserved;
+  // With a codec: the message's element count (its low 32 bits), which its encoded size cannot always tell
+  // (an int4 last block of 2k - 1 elements encodes into as many bytes as one of 2k); 0 otherwise.
+  uint32_t count_lo;
 };
 
 // What a rank says of its timing as it enters a collective, on its own clock (engine/skew.h): when it
@@ -60,6 +62,11 @@ Error descriptor_mismatch(int rank, int peer, uint64_t seq, const Descriptor& mi
 [[noreturn]] void throw_header_mismatch(int rank, int peer, const FragHeader& got, uint64_t seq, const Descriptor& desc,
                                         uint64_t expected_msg_bytes, const Descriptor* theirs_at_got_seq,
                                         const Descriptor* theirs_at_seq);
+// An encoded message of `got` elements (FragHeader::count_lo) where `expected` were (the same encoded size).
+[[noreturn]] void throw_count_mismatch(int rank, int peer, uint32_t got, uint32_t expected, uint64_t seq,
+                                       const Descriptor& desc);
+// How the ranks' sizes of a message must agree, for a mismatch's message ("" where the call's count says it).
+std::string sizes_hint(int rank, int peer, const Descriptor& desc);
 
 class Transport {
  public:

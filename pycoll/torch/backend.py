@@ -34,6 +34,7 @@ synchronous call) on every rank; every wait has the group's deadline.
 
 from __future__ import annotations
 
+import math
 import sys
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
@@ -552,7 +553,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         """pycoll's all-to-all (one message per pair of ranks), compressed where ``Options`` opts it in
-        (``all_to_all_compression``: each part encoded once by its sender, MoE dispatch)."""
+        (``all_to_all_compression``: each part encoded once by its sender, MoE dispatch). Split sizes on
+        CUDA tensors (or a communicator running grouped programs, which take even parts only) go over the
+        point-to-point channels instead, lossless: whether sizes are given must be the same on every rank,
+        as torch's own backends require of their callers."""
         opts = AllToAllOptions() if opts is None else opts
         in_sizes = self._split_sizes(input, list(input_split_sizes), "input")
         out_sizes = self._split_sizes(output, list(output_split_sizes), "output")
@@ -562,30 +566,61 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"all_to_all_single needs input and output rows of one size and dtype, got rows of {row_in} "
                 f"{input.dtype} and {row_out} {output.dtype}"
             )
-        even = len(set(in_sizes)) == 1 and in_sizes == out_sizes  # the even parts every path runs
-        codec = self.options.all_to_all_codec_for(input)
-        timeout, comm = _seconds(opts), self.comm
+        timeout = _seconds(opts)
+        split = bool(input_split_sizes) or bool(output_split_sizes)
+        if split and (input.is_cuda or self.comm.grouped_on_cpu):
+            run = self._exchanged_all_to_all(output, input, in_sizes, out_sizes, timeout)
+        else:
+            run = self._native_all_to_all(output, input, (in_sizes, out_sizes) if split else None, timeout)
+        return self._start("all_to_all_single", run, [output], opts)
+
+    def _native_all_to_all(
+        self, output: torch.Tensor, input: torch.Tensor, splits: tuple[list[int], list[int]] | None,
+        timeout: float | None,
+    ) -> Callable[[], None]:
+        """pycoll.all_to_all of ``input`` into ``output`` (``splits``: rows to and from each rank, None for
+        even parts): the bytes of any dtype, or the float32 / float16 / bfloat16 elements through the
+        group's all-to-all codec."""
+        codec, comm, row = self.options.all_to_all_codec_for(input), self.comm, _row_numel(input)
 
         def counts(unit: int) -> tuple[list[int] | None, list[int] | None]:
             """send_counts and recv_counts in units of ``unit`` per row (None for even parts)."""
-            if even:
+            if splits is None:
                 return None, None
-            return [n * unit for n in in_sizes], [n * unit for n in out_sizes]
+            return [n * unit for n in splits[0]], [n * unit for n in splits[1]]
 
         def run() -> None:
             source = input.clone() if _overlap(input, output) else input.contiguous()
             work, back = contiguous_for_write(output)
             if codec is None:  # bytes: every dtype (complex, bool, ...) alike
-                send, recv = counts(row_in * input.element_size())
+                send, recv = counts(row * input.element_size())
                 pycoll.all_to_all(as_bytes(source), as_bytes(work), send, recv, comm=comm, timeout=timeout)
             else:
-                send, recv = counts(row_in)
+                send, recv = counts(row)
                 pycoll.all_to_all(source.reshape(-1), work.reshape(-1), send, recv, compression=codec,
                                   comm=comm, timeout=timeout)  # fmt: skip
             if back is not None:
                 back()
 
-        return self._start("all_to_all_single", run, [output], opts)
+        return run
+
+    def _exchanged_all_to_all(
+        self, output: torch.Tensor, input: torch.Tensor, in_sizes: list[int], out_sizes: list[int],
+        timeout: float | None,
+    ) -> Callable[[], None]:
+        """Every part at once on the point-to-point channels (lossless): uneven parts of CUDA tensors."""
+        me = self._rank
+
+        def run() -> None:
+            work, back = contiguous_for_write(output)
+            ins, outs = _rows(input.contiguous(), in_sizes), _rows(work, out_sizes)
+            outs[me].copy_(ins[me])
+            peers = [p for p in range(self._size) if p != me]
+            sends = {p: ins[p] for p in peers if ins[p].numel()}
+            self._exchange(sends, {p: outs[p] for p in peers if outs[p].numel()}, timeout)
+            _write_back([(work, back)])
+
+        return run
 
     alltoall_base = all_to_all_single
 
@@ -678,8 +713,8 @@ def _write_back(outs: list[tuple[torch.Tensor, Callable[[], Any] | None]]) -> No
 
 
 def _row_numel(tensor: torch.Tensor) -> int:
-    """Elements per row of dim 0 (a 0-d tensor is one row of one element)."""
-    return tensor[0].numel() if tensor.dim() and tensor.shape[0] else max(1, tensor.numel())
+    """Elements per row of dim 0, whatever the rows (a 0-d tensor is one row of one element)."""
+    return math.prod(tensor.shape[1:])
 
 
 def _rows(tensor: torch.Tensor, sizes: list[int]) -> Tensors:

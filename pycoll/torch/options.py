@@ -9,8 +9,9 @@ group has a codec, the tensor has at least ``min_numel`` elements, its dtype is 
 (``all_gather_into_tensor``, FSDP2's weights) compresses only when opted in with
 ``all_gather_compression``, under the same size and dtype rule: each rank's chunk is encoded once and
 every rank decodes the same bytes (ZeRO++'s qwZ). ``all_to_all_single`` (MoE dispatch and combine)
-compresses only when opted in with ``all_to_all_compression``, under the same rule: each part is
-encoded once by its sender and decoded once by its receiver, a rank's own part copied exactly.
+compresses only when opted in with ``all_to_all_compression``, under the dtype rule (not ``min_numel``:
+the ranks' inputs differ in size): each part is encoded once by its sender and decoded once by its
+receiver, a rank's own part copied exactly.
 Everything else (integers, uint8, bool, float64, MIN/MAX/PRODUCT/bitwise, other gathers, the list
 all-to-all, broadcasts, send/recv) stays lossless.
 
@@ -93,8 +94,11 @@ class Options:
         return self._sized(self.all_gather_codec, tensor, tensor.numel())
 
     def all_to_all_codec_for(self, tensor: torch.Tensor) -> Codec | None:
-        """The codec an ``all_to_all_single`` of ``tensor`` (a rank's input) goes through, or None."""
-        return self._sized(self.all_to_all_codec, tensor, tensor.numel())
+        """The codec an ``all_to_all_single`` of ``tensor`` (a rank's input) goes through, or None: the
+        dtype rule only, not ``min_numel``: with uneven parts the ranks' inputs differ in size, and every
+        rank must choose alike."""
+        codec = self.all_to_all_codec
+        return codec if codec is not None and tensor.dtype in _CODEC_DTYPES else None
 
     def _sized(self, codec: Codec | None, tensor: torch.Tensor, numel: int) -> Codec | None:
         """``codec`` where the size and dtype rule lets it compress ``numel`` elements of ``tensor``'s."""

@@ -597,8 +597,11 @@ class Model:
             if collective not in COMPRESSIBLE_COLLECTIVES:
                 names = ", ".join(COMPRESSIBLE_COLLECTIVES)
                 raise ValueError(f"compression applies to {names}, not {collective}")
-            if collective != "allreduce" and algorithm not in (COMPRESSED_DIRECT_ALGORITHM, "hierarchical"):
-                raise ValueError(f"a compressed {collective} runs {COMPRESSED_DIRECT_ALGORITHM}: {algorithm}")
+            chunked = (COMPRESSED_DIRECT_ALGORITHM, "hierarchical") if collective == "reduce_scatter" else (
+                COMPRESSED_DIRECT_ALGORITHM,
+            )
+            if collective != "allreduce" and algorithm not in chunked:
+                raise ValueError(f"a compressed {collective} runs {' or '.join(chunked)}, not {algorithm}")
             itemsize = 4
         count = _plan_count(collective, world, nbytes, itemsize)
         wire_itemsize = itemsize if bpe is None else bpe

@@ -390,7 +390,14 @@ def compressed_all_to_all(_comm: Any, rank: int, world: int) -> dict[str, Any]:
     ids = torch.arange(sum(in_splits) * 8, dtype=torch.int64).reshape(-1, 8) + 10**6 * rank
     ids_out = torch.empty(sum(out_splits), 8, dtype=torch.int64)
     dist.all_to_all_single(ids_out, ids, out_splits, in_splits, group=group)
-    return {"x": x.numpy().tobytes(), "out": out.numpy().tobytes(), "ids": ids_out.numpy().tobytes()}
+    # rank 0 dispatches no tokens: its input has no rows, and it receives none from itself
+    sends = [0 if rank == 0 else 10 * (j + 1) for j in range(world)]
+    gets = [0 if q == 0 else 10 * (rank + 1) for q in range(world)]
+    none = torch.full((sum(sends), 8), float(rank))
+    got = torch.empty(sum(gets), 8)
+    dist.all_to_all_single(got, none, gets, sends, group=group)
+    return {"x": x.numpy().tobytes(), "out": out.numpy().tobytes(), "ids": ids_out.numpy().tobytes(),
+            "empty": got.tolist()}
 
 
 def refused_options(_comm: Any, rank: int, world: int) -> list[str]:

@@ -198,6 +198,7 @@ def body_bad_input(comm, rank, world):
          r"needs float32, float16, bfloat16 data"),
         ((x.astype(np.float64), out.astype(np.float64), None, None), {"compression": "int8"}, r"got float64"),
         ((x, out, even, even), {"error_budget": 0.01}, r'error_budget= applies to compression="auto"'),
+        ((x, out, even, even), {"compression": "auto"}, r'compression="auto" needs equal parts'),
     ])  # fmt: skip
     if world > 1:  # its own part must be the same size both ways
         y = gaussian(rank, world * 10 - 1, 1)
@@ -242,3 +243,22 @@ def test_parts_of_different_sizes_raise_a_mismatch(rank_pool):
         if rank in (0, 1):
             assert name == "CollectiveMismatchError", (rank, name, message)
             assert "rank 1's send_counts[0] must equal rank 0's recv_counts[1]" in message, message
+
+
+def body_odd_tail(comm, rank, world):
+    """int4 packs two codes a byte: a last block of 33 elements and one of 34 encode into as many bytes, so
+    only the element count the messages carry tells rank 0's 33-element parts from rank 1's 34."""
+    m = 33 if rank == 0 else 34
+    x = np.ones(world * m, np.float32)
+    out = np.zeros(world * m, np.float32)
+    try:
+        pycoll.all_to_all(x, out, compression=pycoll.compression.Int4(), timeout=20)
+    except pycoll.PycollError as e:
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+def test_int4_parts_of_one_encoded_size_but_other_lengths_raise_a_mismatch(rank_pool):
+    for name, message in rank_pool(2).run(body_odd_tail, timeout=60):
+        assert name == "CollectiveMismatchError", (name, message)
+        assert "elements" in message and "send_counts" in message, message

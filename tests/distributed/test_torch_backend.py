@@ -283,6 +283,9 @@ def test_all_to_all_compression_encodes_each_part_once(pools):
             assert np.array_equal(got_part, want), f"rank {rank}: the part from rank {q}"
             want_ids = np.arange(start * row, (start + rows) * row, dtype=np.int64) + 10**6 * q
             assert np.array_equal(ids[q * rows:(q + 1) * rows].reshape(-1), want_ids), "int64 rows are exact"
+        # constant rows (one value per sender) survive int8 exactly; rank 0 sent none
+        want = [[float(q)] * row for q in range(1, world) for _ in range(10 * (rank + 1))]
+        assert got["empty"] == want, f"rank {rank}: the all-to-all with an empty sender"
 
 
 def test_options_and_device_maps_that_cannot_work_are_refused(pools):
