@@ -563,7 +563,9 @@ def all_gather(
     encoded once and every rank decodes the same bytes, its owner too, so every rank's ``out`` is
     bitwise identical (docs/compression.md#all-gather); ``exact_own=True``: each rank keeps its own
     chunk exact instead (the ranks' outputs then differ in that chunk). ``compression="auto"`` /
-    ``error_budget``: as for ``reduce_scatter``.
+    ``error_budget``: as for ``reduce_scatter``. ``algorithm``: ring, direct, hierarchical (several
+    hosts of equal size: each chunk crosses the network once per other host, compressed or not), or auto
+    (hierarchical where it applies, else the cost model's choice).
     """
     c = get_comm(comm)
     xb = as_buffer(x, "x", writable=False)
@@ -580,7 +582,7 @@ def all_gather(
         raise InvalidUsageError("exact_own= applies to a compressed all_gather (give compression=)")
     exact_own = exact_own and codec is not None
     if codec is not None:
-        algo = auto.compressed_algorithm("all_gather", algorithm)
+        algo = auto.compressed_algorithm("all_gather", algorithm, None if gpu else c)
         if c.world_size == 1:  # nothing is sent: the chunk is copied exactly, as without a codec
             codec, exact_own = None, False
     else:

@@ -69,7 +69,7 @@ __all__ = [
 
 #: Collectives with a hierarchical plan, which ``auto`` runs on several hosts of equal size (more than one
 #: rank each): each host's sum is formed over shared memory and only the hosts' sums cross the network.
-HIERARCHICAL_COLLECTIVES = ("allreduce", "reduce_scatter")
+HIERARCHICAL_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
 #: ``compression="auto"``'s error budget when the caller gives none: the relative L2 error the codec may
 #: add (pycoll.tuning.model.expected_error). 1e-3 admits fp16 only; int8 needs error_budget=1e-2.
@@ -258,8 +258,8 @@ def all_to_all_algorithm(algorithm: str) -> str:
 def compressed_algorithm(collective: str, algorithm: str, comm: Communicator | None = None) -> str:
     """The plan of a reduce-scatter or all-gather with a codec: direct, which quantizes each element once
     (a ring would re-encode a reduce-scatter's partial sums at every hop); ``algorithm`` must be it or
-    auto. A reduce-scatter may be hierarchical too (each element quantized once, between hosts), what
-    auto means on several hosts of equal size (``comm``'s; as for the all-reduce)."""
+    auto. Either may be hierarchical too (each element quantized once, its bytes crossing between hosts
+    once), what auto means on several hosts of equal size (``comm``'s; as for the all-reduce)."""
     allowed = (COMPRESSED_DIRECT_ALGORITHM, "hierarchical") if collective in HIERARCHICAL_COLLECTIVES else (
         COMPRESSED_DIRECT_ALGORITHM,
     )

@@ -18,6 +18,7 @@ from pycoll.algorithms import build_plan
 from pycoll.algorithms.compressed import (
     build_compressed_all_gather,
     build_compressed_all_to_all,
+    build_compressed_hierarchical_all_gather,
     build_compressed_hierarchical_reduce_scatter,
     build_compressed_plan,
     build_compressed_reduce_scatter,
@@ -189,6 +190,10 @@ class PlanCache:
             if key.collective == "reduce_scatter":
                 return build_compressed_reduce_scatter(
                     rank, self.world_size, key.elements, key.layout[0], segment_blocks
+                )
+            if key.collective == "all_gather" and key.algorithm == "hierarchical":
+                return build_compressed_hierarchical_all_gather(
+                    rank, self.world_size, key.elements, key.layout[0], segment_blocks, local_size, key.exact
                 )
             if key.collective == "all_gather":
                 return build_compressed_all_gather(

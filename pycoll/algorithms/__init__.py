@@ -18,7 +18,11 @@ from pycoll.algorithms.direct import (
     direct_allreduce,
     direct_reduce_scatter,
 )
-from pycoll.algorithms.hierarchical import hierarchical_allreduce, hierarchical_reduce_scatter
+from pycoll.algorithms.hierarchical import (
+    hierarchical_all_gather,
+    hierarchical_allreduce,
+    hierarchical_reduce_scatter,
+)
 from pycoll.algorithms.plan import Buf, Op, OpKind, Plan
 from pycoll.algorithms.ring import ring_all_gather, ring_allreduce, ring_broadcast, ring_reduce_scatter
 from pycoll.algorithms.tree import tree_allreduce, tree_broadcast
@@ -45,6 +49,8 @@ _BUILDERS: dict[str, dict[str, _Builder]] = {
     "all_gather": {
         "ring": lambda r, w, c, s, _root: ring_all_gather(r, w, c, s),
         "direct": lambda r, w, c, s, _root: direct_all_gather(r, w, c, s),
+        # built in build_plan, which has the hosts' size (local_size)
+        "hierarchical": lambda r, w, c, s, _root: hierarchical_all_gather(r, w, c, s, 1),
     },
     "broadcast": {
         "ring": ring_broadcast,
@@ -94,7 +100,8 @@ def build_plan(collective: str, algorithm: str, rank: int, world: int, count: in
     if collective == "barrier":
         count = 0
     if algorithm == "hierarchical":
-        hierarchical = hierarchical_allreduce if collective == "allreduce" else hierarchical_reduce_scatter
+        hierarchical = {"allreduce": hierarchical_allreduce, "reduce_scatter": hierarchical_reduce_scatter,
+                        "all_gather": hierarchical_all_gather}[collective]
         return hierarchical(rank, world, count, segment_elems, operator.index(local_size))
     return builder(rank, world, count, segment_elems, root)
 

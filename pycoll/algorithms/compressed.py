@@ -49,7 +49,7 @@ from typing import Sequence
 from pycoll.algorithms import build_plan
 from pycoll.algorithms._layout import copy, recv, send
 from pycoll.algorithms.direct import _peers, direct_all_to_all, direct_reduce_scatter
-from pycoll.algorithms.hierarchical import hierarchical_reduce_scatter
+from pycoll.algorithms.hierarchical import hierarchical_all_gather, hierarchical_reduce_scatter
 from pycoll.algorithms.plan import WRITES_DST, Buf, Op, OpKind, Plan, make_plan, segments
 
 #: The default algorithm with a codec: each element is quantized at most twice.
@@ -153,3 +153,15 @@ def build_compressed_hierarchical_reduce_scatter(
         return replace(op, exact=op.finalize and not op.uncompressed)
 
     return replace(plan, steps=tuple(tuple(owner_keeps(op) for op in step) for step in plan.steps))
+
+
+def build_compressed_hierarchical_all_gather(
+    rank: int, world: int, count: int, block: int, segment_blocks: int, local_size: int,
+    exact_own: bool = False,
+) -> Plan:
+    """The hierarchical all-gather (hierarchical.py) with a codec: the owner's COPY encodes its chunk once
+    (``exact_own``: keeping its own values exact), and every SEND forwards those bytes from ENCODED."""
+    _check_chunked("all-gather", world, block, segment_blocks)
+    plan = hierarchical_all_gather(rank, world, count, segment_blocks * block, local_size, finals=Buf.ENCODED)
+    (encode_own,), *rest = plan.steps
+    return replace(plan, steps=((replace(encode_own, exact=exact_own),), *rest))

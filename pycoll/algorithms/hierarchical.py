@@ -45,6 +45,20 @@ direct reduce-scatter: a host's cross-host traffic falls local_size times. Compr
 the owner's finalizing receives ``exact``. Error feedback: rank (h, l) keeps what encoding its host's sum
 of chunk (c, l) lost at that chunk's place in its residual (shaped like INPUT).
 
+All-gather (``hierarchical_all_gather``): chunk (c, j) is rank c*local_size + j's ``count`` elements of
+OUTPUT; after a COPY of the rank's own chunk, two stages:
+
+    cross-host all-gather   column l exchanges its chunks among the hosts: a SEND of the own chunk to rank
+                            (c, l) of every other host c, and a RECV of chunk (c, l) from it.
+    intra-host all-gather   every rank SENDs the chunks of its column (its own and those it received) to
+                            every other local rank, and RECVs theirs.
+
+Per rank, (hosts - 1) * count elements cross the network, against (world - local_size) * count for the
+direct all-gather. Compressed (``build_compressed_hierarchical_all_gather``): the owner encodes its chunk
+once (the COPY), and both stages forward those bytes (SENDs of ENCODED, RECVs that keep what they
+decode), so every rank decodes the owner's bytes and every rank's OUTPUT is bitwise identical; over
+shared memory the encoded bytes are the smaller message too.
+
 Compressed (compressed.py): only the cross-host stage is. The intra-host ops are marked ``uncompressed``
 (plan.py, "Compressed plans"): shared memory is fast enough that encoding would cost more time than it
 saves, and the host's sum stays exact, so an element is quantized as in a ring among the hosts (hosts - 1
@@ -57,7 +71,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pycoll.algorithms._layout import cut_segments, recv, recv_reduce, send
+from pycoll.algorithms._layout import copy, cut_segments, recv, recv_reduce, send
 from pycoll.algorithms.plan import Buf, Op, Plan, make_plan, segments, split_even
 
 IN, OUT = Buf.INPUT, Buf.OUTPUT
@@ -173,3 +187,36 @@ def hierarchical_reduce_scatter(
         steps.append(step)
     plan = make_plan(rank, world, "reduce_scatter", "hierarchical", total, total, steps)
     return replace(plan, result=(chunk(host, local, 0), count))
+
+
+def hierarchical_all_gather(
+    rank: int, world: int, count: int, segment_elems: int, local_size: int, finals: Buf = OUT
+) -> Plan:
+    """The hierarchical all-gather of chunks of ``count`` elements on hosts of ``local_size`` consecutive
+    ranks (INPUT ``count``, OUTPUT ``world * count``). ``finals``: where SENDs read the chunks they forward
+    (OUTPUT; ENCODED in the compressed plan). Segments are cut from every chunk's start."""
+    if local_size < 1 or world % local_size:
+        raise ValueError(f"world ({world}) must be a multiple of local_size ({local_size})")
+    hosts = world // local_size
+    host, local = divmod(rank, local_size)
+
+    def chunk(c: int, j: int, off: int) -> int:  # element offset of `off` in chunk (c, j) of OUTPUT
+        return (c * local_size + j) * count + off
+
+    mates = [host * local_size + j for j in range(local_size)]
+    others = [(local + k) % local_size for k in range(1, local_size)]  # fixed rotations, as direct.py
+    froms = [(local - k) % local_size for k in range(1, local_size)]
+    column = [c * local_size + local for c in range(hosts)]
+    to_hosts = [(host + k) % hosts for k in range(1, hosts)]
+    from_hosts = [(host - k) % hosts for k in range(1, hosts)]
+    steps: list[list[Op]] = [[copy(count, (IN, 0), (OUT, chunk(host, local, 0)))]]
+    pieces = segments(0, count, segment_elems)
+    for off, n in pieces:
+        step = [send(n, column[c], (finals, chunk(host, local, off))) for c in to_hosts]
+        step += [recv(n, column[c], (OUT, chunk(c, local, off))) for c in from_hosts]
+        steps.append(step)
+    for off, n in pieces if local_size > 1 else ():
+        step = [send(n, mates[j], (finals, chunk(c, local, off))) for j in others for c in range(hosts)]
+        step += [recv(n, mates[j], (OUT, chunk(c, j, off))) for j in froms for c in range(hosts)]
+        steps.append(step)
+    return make_plan(rank, world, "all_gather", "hierarchical", count, world * count, steps)

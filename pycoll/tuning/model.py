@@ -50,6 +50,7 @@ from pycoll.algorithms.compressed import (
     COMPRESSED_DIRECT_ALGORITHM,
     build_compressed_all_gather,
     build_compressed_all_to_all,
+    build_compressed_hierarchical_all_gather,
     build_compressed_hierarchical_reduce_scatter,
     build_compressed_plan,
     build_compressed_reduce_scatter,
@@ -247,6 +248,8 @@ def plan_costs(
             if collective == "reduce_scatter" and algorithm == "hierarchical"
             else build_compressed_reduce_scatter(r, world, count, block, segment_blocks)
             if collective == "reduce_scatter"
+            else build_compressed_hierarchical_all_gather(r, world, count, block, segment_blocks, local_size)
+            if collective == "all_gather" and algorithm == "hierarchical"
             else build_compressed_all_gather(r, world, count, block, segment_blocks)
             if collective == "all_gather"
             else build_compressed_all_to_all(r, world, [count] * world, [count] * world)
@@ -597,7 +600,8 @@ class Model:
             if collective not in COMPRESSIBLE_COLLECTIVES:
                 names = ", ".join(COMPRESSIBLE_COLLECTIVES)
                 raise ValueError(f"compression applies to {names}, not {collective}")
-            chunked = (COMPRESSED_DIRECT_ALGORITHM, "hierarchical") if collective == "reduce_scatter" else (
+            hierarchical = collective in ("reduce_scatter", "all_gather")
+            chunked = (COMPRESSED_DIRECT_ALGORITHM, "hierarchical") if hierarchical else (
                 COMPRESSED_DIRECT_ALGORITHM,
             )
             if collective != "allreduce" and algorithm not in chunked:

@@ -1,11 +1,14 @@
-"""The hierarchical reduce-scatter (pycoll/algorithms/hierarchical.py) on pretend hosts: shared memory
-within each, TCP between them (PYCOLL_TEST_RANKS_PER_HOST).
+"""The hierarchical reduce-scatter and all-gather (pycoll/algorithms/hierarchical.py) on pretend hosts:
+shared memory within each, TCP between them (PYCOLL_TEST_RANKS_PER_HOST).
 
 Every result, and with error feedback every residual, is checked bit for bit against the plan simulator
 (pycoll.algorithms.simulate, the executor's oracle) on the same inputs, plain and compressed, by the
 fragment executor and as the grouped program GPUs run. Compressed, each element is quantized once, on
 its host's sum, between hosts: the error is held element by element to the sum over the other hosts of
 one quantization of their sums, and a host's network bytes to (hosts - 1) encoded chunks per rank.
+
+The all-gather forwards its owners' encodings: every rank's output is bitwise identical and each chunk
+is, bit for bit, the reference codec's decoding of its owner's input (exact_own: the owner keeps its own).
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from harness import RankPool
 
 import pycoll
 from pycoll.algorithms import build_plan
-from pycoll.algorithms.compressed import build_compressed_hierarchical_reduce_scatter
+from pycoll.algorithms.compressed import (
+    build_compressed_hierarchical_all_gather,
+    build_compressed_hierarchical_reduce_scatter,
+)
 from pycoll.algorithms.simulate import simulate
 from pycoll.compression import Int4, Int8
+from pycoll.compression import reference as codec_ref
 from pycoll.compression.bounds import F32_U, quantization_bound
 
 HOSTS_OF = {2: {"PYCOLL_TEST_RANKS_PER_HOST": "2"}, 3: {"PYCOLL_TEST_RANKS_PER_HOST": "3"}}
@@ -119,3 +126,62 @@ def test_a_host_sends_one_chunk_per_other_host_and_rank():
         local = sum(b for dst, b in sent.items() if dst // local_size == host)
         assert network == (world // local_size - 1) * codec.encoded_bytes(m)
         assert local == (local_size - 1) * (world // local_size) * m * 4
+
+
+# ---- the all-gather ------------------------------------------------------------------------------------
+AG_CODECS = [Int8(), Int4(block=16), Int4(rotation="hadamard")]
+
+
+def body_all_gather(comm, rank, world, m):
+    out = {}
+    x = _inputs(world, m, 3)[rank]
+    for codec in [None, *AG_CODECS]:
+        for exact_own, grouped in ((False, False), (True, True)):
+            if codec is None and exact_own:
+                continue
+            got = np.full(world * m, np.nan, dtype=np.float32)
+            comm.grouped_on_cpu = grouped
+            try:  # algorithm auto: hierarchical on these hosts
+                pycoll.all_gather(x, got, compression=codec, exact_own=exact_own, comm=comm, timeout=60)
+            finally:
+                comm.grouped_on_cpu = False
+            out[(repr(codec), exact_own)] = got
+    ran = {(k.collective, k.algorithm) for k in comm.dispatcher.plans.keys()}
+    assert ("all_gather", "hierarchical") in ran, ran
+    return out
+
+
+@pytest.mark.parametrize("local_size,world,m", [(2, 4, 3001), (3, 6, 200), (2, 6, 0)])
+def test_all_gather_every_rank_decodes_its_owners_bytes(local_size, world, m):
+    with RankPool(world, env=HOSTS_OF[local_size]) as pool:
+        results = pool.run(body_all_gather, m, timeout=300)
+    inputs = _inputs(world, m, 3)
+    for (name, exact_own), got0 in results[0].items():
+        codec = {repr(c): c for c in AG_CODECS}.get(name)
+        want = np.concatenate([x if codec is None else codec_ref.roundtrip(codec, x) for x in inputs])
+        for rank, res in enumerate(results):
+            got = res[(name, exact_own)]
+            if exact_own:
+                mine = slice(rank * m, (rank + 1) * m)
+                assert np.array_equal(got[mine], inputs[rank]), f"{name}: rank {rank}'s own chunk"
+                others = np.arange(world * m) // max(m, 1) != rank
+                assert np.array_equal(got[others], want[others]), f"{name} exact_own: rank {rank}'s others"
+            else:
+                assert got.tobytes() == got0.tobytes(), f"{name}: rank {rank} differs from rank 0"
+                assert np.array_equal(got, want), f"{name}: rank {rank}'s chunks are not their owners'"
+
+
+def test_an_all_gather_sends_its_chunk_once_per_other_host():
+    """(hosts - 1) encoded chunks per rank cross the network, where the direct all-gather sends
+    (world - 1); within a host, each rank forwards its column's hosts chunks, still encoded."""
+    world, local_size, m, codec = 6, 2, 1000, Int8()
+    plans = [build_compressed_hierarchical_all_gather(r, world, m, codec.block_elems, 4, local_size)
+             for r in range(world)]
+    for r, plan in enumerate(plans):
+        host = r // local_size
+        sends = [op for op in plan.ops() if op.send_peer >= 0]
+        network = sum(op.count for op in sends if op.send_peer // local_size != host)
+        local = sum(op.count for op in sends if op.send_peer // local_size == host)
+        assert network == (world // local_size - 1) * m
+        assert local == (local_size - 1) * (world // local_size) * m
+        assert all(op.src[0].name == "ENCODED" for op in sends)
