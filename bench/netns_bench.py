@@ -21,7 +21,7 @@ uncompressed size (effective busbw) and the codec's relative error is shown. Res
 timed: one job, and one table, per host count and collective. For reduce-scatter and all-gather the size
 is nccl-tests' (the whole buffer: the reduce-scatter's input, the all-gather's output) and busbw =
 algbw * (n-1)/n; pycoll runs ``--algorithms`` (ring,direct by default) uncompressed, and its codecs with
-those that take one (direct, and hierarchical for the reduce-scatter: each element quantized once).
+those that take one (direct and hierarchical: each element quantized once).
 
 All-reduce table, per host count: per size and variant, busbw in GB/s and Gbit/s, its ratio to the shaped
 rate, to raw TCP and to Gloo's, and for int8/int4 the ratio to the same algorithm uncompressed; then
@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--algorithms",
         type=parse_list,
         default=None,
-        help="pycoll's algorithms (all-reduce: ring,tree,hierarchical; the others: ring,direct)",
+        help="pycoll's algorithms (all-reduce: ring,tree,hierarchical; the others: ring,direct; hierarchical "
+        "too with --ranks-per-host > 1)",
     )
     p.add_argument("--codecs", type=parse_list, default=["none", "int8", "int4"])
     p.add_argument(

@@ -372,8 +372,8 @@ class AllGather(Collective):
     label = "all-gather"
     perf = "all_gather_perf"
     reduces = False
-    algorithms = ("ring", "direct")
-    codec_algorithms = ("auto", "direct")
+    algorithms = ("ring", "direct", "hierarchical")
+    codec_algorithms = ("auto", "direct", "hierarchical")
 
     def count(self, nbytes: int, itemsize: int, world: int) -> int:
         return nbytes // itemsize // world * world

@@ -42,7 +42,7 @@ def make_variants(
 ) -> list[Variant]:
     """The variants one sweep of ``pycoll bench`` times, interleaved: pycoll's ``collective`` for every
     (algorithm x codec) that runs (``codec_pairs``: a compressed reduce-scatter runs direct or
-    hierarchical, an all-gather direct, or auto), algorithm-major, then each baseline that can run
+    hierarchical, an all-gather too, or auto), algorithm-major, then each baseline that can run
     ``op`` on ``dtype``.
 
     Each ``Variant`` names its series: ``library`` ("pycoll" or the baseline), ``algorithm`` (the
@@ -76,7 +76,7 @@ def codec_pairs(
 ) -> list[tuple[str, str]]:
     """The (algorithm, codec) pairs of pycoll's variants, algorithm-major: every algorithm uncompressed,
     and with each codec where ``collective`` takes one (``Collective.codec_algorithms``: any all-reduce
-    algorithm; a reduce-scatter's direct, hierarchical and auto, an all-gather's direct and auto).
+    algorithm; a reduce-scatter's or all-gather's direct, hierarchical and auto).
     ValueError for an algorithm the collective does not have."""
     coll = get_collective(collective)
     for algorithm in algorithms:

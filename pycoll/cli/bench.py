@@ -20,11 +20,11 @@ Flags (nccl-tests' all_reduce_perf names where it has them):
     -c 0|1            check every result (1)
     -o OP             sum prod min max avg, a comma list, or all (sum)
     -d TYPE           float half bfloat16 double int32 int64 int8 uint8, a comma list, or all (float)
-    --algorithm A     auto ring tree direct hierarchical, or a comma list (auto); reduce-scatter: auto
-                      ring direct hierarchical; all-gather: auto ring direct
+    --algorithm A     auto ring tree direct hierarchical, or a comma list (auto); reduce-scatter and
+                      all-gather: auto ring direct hierarchical
     --compression C   none fp16 bf16 int8 int4, or a comma list (none); float + sum/avg only; a
-                      compressed reduce-scatter runs direct or hierarchical (or auto) only, an
-                      all-gather direct (or auto)
+                      compressed reduce-scatter or all-gather runs direct or hierarchical (or auto)
+                      only
     --baseline B      gloo mpi nccl, or a comma list: the other library timed in the same ranks
     --link-bytes N    after each size and variant, N more calls whose bytes on the network interface
                       (--link-iface, else PYCOLL_SOCKET_IFNAME) are counted: JSON link_tx_bytes

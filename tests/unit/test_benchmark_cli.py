@@ -354,7 +354,7 @@ def test_end_to_end_reduce_scatter_and_all_gather(name: str) -> None:
     assert {row[3] for row in rows} == {"sum" if name == "reduce_scatter" else "none"}
     errors = [float(row[-2]) for row in rows]
     assert errors[0::3] == errors[1::3] == [0.0, 0.0] and all(1e-3 < e < 0.02 for e in errors[2::3])
-    plans = "direct or hierarchical (or auto)" if name == "reduce_scatter" else "direct (or auto)"
+    plans = "direct or hierarchical (or auto)"
     assert f"# a compressed {name} runs algorithm {plans} only: no codec with ring" in lines
     for r in records:
         assert r["collective"] == name and r["wrong"] == 0 and r["world"] == 2
