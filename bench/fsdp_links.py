@@ -30,7 +30,7 @@ in each turn every variant trains its next 1/turns of the steps, the order rotat
   directly; int8 weights keep that error small while the gradients, which error feedback corrects,
   take int4;
 - ``int4-rot``: ``Int4(rotation="hadamard")`` gradients (no error feedback), int8 weights; skipped with
-  a note where pycoll's Int4 has no ``rotation`` yet;
+  a note where pycoll's Int4 has no ``rotation`` yet; ``int4-rot-ef`` (not by default): both;
 - ``int4`` (not run by default): int4 gradients without error feedback, int8 weights: what error
   feedback buys int4; ``int4-ef-w4`` (not by default): int4-ef with int4 weights too;
 - ``local``: no communication: every rank trains its own unsharded copy on its own rows, at the same
@@ -98,6 +98,7 @@ VARIANTS = {
         ft.Variant("int4-ef", "pycoll", "int4", "int8", fsdp_error_feedback=True),
         ft.Variant("int4", "pycoll", "int4", "int8"),
         ft.Variant("int4-rot", "pycoll", "int4-hadamard", "int8"),
+        ft.Variant("int4-rot-ef", "pycoll", "int4-hadamard", "int8", fsdp_error_feedback=True),
         ft.Variant("int4-ef-w4", "pycoll", "int4", "int4", fsdp_error_feedback=True),
         ft.Variant("local", "local"),
     ]
@@ -110,6 +111,7 @@ TARGET_GAP_PCT = {
     "int8-ef": 0.2,
     "int4-ef": 0.5,
     "int4-rot": 0.5,
+    "int4-rot-ef": 0.5,
     "int4": 0.5,
     "int4-ef-w4": 0.5,
 }
@@ -448,7 +450,7 @@ def _row(name: str, v: dict[str, Any], floor: dict[str, Any] | None) -> str:
         else f"{v['gap_range'][0]:+.2f}..{v['gap_range'][1]:+.2f}"
     )
     return (
-        f"{name:<11}{VARIANTS[name].describe():<38}{v['step_ms']:8.1f} {f'{lo:.0f}-{hi:.0f}':>10}"
+        f"{name:<12}{VARIANTS[name].describe():<38}{v['step_ms']:8.1f} {f'{lo:.0f}-{hi:.0f}':>10}"
         f"{_f(v['speedup'], '.2f', 7)}{paired:>11}{v['train_s']:8.1f}{probe:>15}{_f(share, '.0f', 7)}"
         f"{_f(v['cpu_ms'], '.0f', 7)}{train_loss:>11}{_f(v['heldout'], '.4f', 9)}{_f(v['gap'], '+.3f', 8)}"
         f"{gaps:>14}"
@@ -471,7 +473,7 @@ def format_table(records: Sequence[dict[str, Any]], cfg: ft.TrainConfig, notes: 
         f"cannot step faster than CPU ms x {world / (os.cpu_count() or 1):g}. comm %: 1 - local / ms/step"
     )
     lines.append(
-        f"{'variant':<11}{'what':<38}{'ms/step':>8} {'turns ms':>10}{'x gloo':>7}{'per turn':>11}"
+        f"{'variant':<12}{'what':<38}{'ms/step':>8} {'turns ms':>10}{'x gloo':>7}{'per turn':>11}"
         f"{'train s':>8}{'probe AG+RS':>15}{'comm %':>7}{'CPU ms':>7}{'train loss':>11}{'held-out':>9}"
         f"{'gap %':>8}{'gap range':>14}"
     )
@@ -497,7 +499,7 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> list[str]:
             gap, want = v["gap"], TARGET_GAP_PCT[name]
             parts.append(f"held-out gap {gap:+.3f}% (<= {want:g}%: {'PASS' if gap <= want else 'MISS'})")
         if parts:
-            out.append(f"  {name:<11}" + "; ".join(parts))
+            out.append(f"  {name:<12}" + "; ".join(parts))
     return out
 
 
