@@ -1,9 +1,10 @@
-"""Rank side of the FSDP2 training benchmarks: process groups per variant, FSDP2 sharding, the timed
-training loop, lossless held-out evaluation and a probe of the collectives FSDP2 issues.
+"""Rank side of the training benchmarks: process groups per variant, FSDP2 sharding (or DDP), the timed
+training loop, lossless held-out evaluation, the bytes each rank's link sent, and a probe of the
+collectives FSDP2 issues.
 
-Used by bench/fsdp_links.py (one rank process per rank of a ``pycoll run`` job); written so that other
-training benchmarks (issue 37's bench/time_to_loss.py) can import it. The caller puts bench/ on sys.path
-(at its end: bench/profile.py would shadow the standard library's ``profile``, which torch imports).
+Used by bench/fsdp_links.py and bench/time_to_loss.py (one rank process per rank of a ``pycoll run``
+job). The caller puts bench/ on sys.path (at its end: bench/profile.py would shadow the standard
+library's ``profile``, which torch imports).
 
     init_default_group(timeout_s)                        # gloo, from whichever launcher started us
     groups = make_groups(variants, timeout_s)            # one process group per distinct setting
@@ -12,20 +13,25 @@ training benchmarks (issue 37's bench/time_to_loss.py) can import it. The caller
 A **variant** is how FSDP2's collectives travel: a gloo group, a pycoll group (lossless, or with
 ``pycoll.torch.Options(compression=..., all_gather_compression=...)``), optionally with
 ``pycoll.torch.fsdp.keep_error_feedback`` on the sharded model; or ``local``, no communication at all
-(each rank trains its own unsharded copy on its own rows): the compute floor of a step. Every variant
-starts from the same weights (``TrainConfig.seed``) and sees the same batches in the same order.
+(each rank trains its own unsharded copy on its own rows): the compute floor of a step. A variant with
+``parallel="ddp"`` trains a ``DistributedDataParallel`` model over its group instead of sharding it
+(gradients all-reduced, compressed as the group's Options say), optionally with pycoll's PowerSGD hook
+(``powersgd_rank``). Every variant starts from the same weights (``TrainConfig.seed``) and sees the same
+batches in the same order.
 All variants are trained in the same processes, at once, taking turns of a few steps each (A B C, B C A,
 ...): the interleaving the machine's changes of speed ask for (shared/DESIGN.md, Measuring).
 
 The default group is gloo and carries only the bookkeeping (barriers, the per-step losses and times,
 the lossless all-gather of the trained weights for the held-out evaluation), never a variant's
-training traffic: each variant trains over a group of its own (``new_group``), wrapped as a DeviceMesh.
+training traffic: each variant trains over a group made for its setting (``new_group``; variants with
+equal settings share one, taking turns), wrapped as a DeviceMesh for FSDP2.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,13 +52,19 @@ class Variant:
 
     ``backend``: "gloo", "pycoll" or "local". ``compression``: the reduce-scatter's (gradients') codec,
     ``all_gather``: the all-gather's (weights') codec, names of CODEC_SPECS or None (lossless).
-    ``fsdp_error_feedback``: ``pycoll.torch.fsdp.keep_error_feedback(model)`` after sharding."""
+    ``fsdp_error_feedback``: ``pycoll.torch.fsdp.keep_error_feedback(model)`` after sharding.
+    ``parallel``: "fsdp" (``fully_shard``) or "ddp" (``DistributedDataParallel`` over the group; the
+    group's own error feedback, per bucket, with a codec). ``powersgd_rank`` > 0 (DDP on a pycoll group):
+    pycoll's PowerSGD hook of that rank, with error feedback, its all-reduces on the group's
+    communicator."""
 
     name: str
     backend: str
     compression: str | None = None
     all_gather: str | None = None
     fsdp_error_feedback: bool = False
+    parallel: str = "fsdp"
+    powersgd_rank: int = 0
 
     def group_key(self) -> tuple[Any, ...]:
         """Variants with equal keys share one process group (their Options are equal)."""
@@ -71,6 +83,8 @@ class Variant:
 
     def describe(self) -> str:
         """What travels how, in a few words."""
+        if self.parallel == "ddp":
+            return self._describe_ddp()
         if self.backend != "pycoll":
             return {"gloo": "gloo, lossless", "local": "no communication (compute floor)"}[self.backend]
         if self.compression is None and self.all_gather is None:
@@ -78,6 +92,13 @@ class Variant:
         grads = {"int4-hadamard": "int4 rotated"}.get(self.compression or "", self.compression or "lossless")
         ef = " + EF" if self.fsdp_error_feedback else ""
         return f"grads {grads}{ef}, weights {self.all_gather or 'lossless'}"
+
+    def _describe_ddp(self) -> str:
+        if self.powersgd_rank:
+            return f"DDP, {self.backend} PowerSGD r{self.powersgd_rank} + EF"
+        if self.compression is None:
+            return f"DDP, {self.backend}, lossless"
+        return f"DDP, {self.backend} {self.compression} + EF"
 
 
 def make_codec(spec: str | None) -> Any:
@@ -172,9 +193,42 @@ def sharded_model(cfg: lm.ModelConfig, seed: int, group: Any, error_feedback: bo
     return model
 
 
+def ddp_model(cfg: lm.ModelConfig, seed: int, group: Any, powersgd_rank: int) -> torch.nn.Module:
+    """``lm.build_model(cfg, seed)`` in a ``DistributedDataParallel`` over ``group``; with
+    ``powersgd_rank`` > 0, pycoll's PowerSGD hook (``pycoll.torch.powersgd_hook``, error feedback on)
+    whose all-reduces go through ``group``'s pycoll communicator (a communicator formed over the group's
+    ranks when the group is not a pycoll one)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(lm.build_model(cfg, seed), process_group=group)
+    if powersgd_rank:
+        import pycoll.torch as pt
+
+        state = pt.PowerSGDState(comm=pt.init_from_process_group(group), rank=powersgd_rank)
+        model.register_comm_hook(state, pt.powersgd_hook)
+    return model
+
+
+def variant_model(variant: Variant, cfg: lm.ModelConfig, seed: int, group: Any) -> torch.nn.Module:
+    """The model ``variant`` trains: DDP (``ddp_model``) or FSDP2-sharded (``sharded_model``; unsharded for
+    ``local``), from ``seed``'s weights."""
+    if variant.parallel == "ddp":
+        return ddp_model(cfg, seed, group, variant.powersgd_rank)
+    return sharded_model(cfg, seed, group, variant.fsdp_error_feedback)
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a DistributedDataParallel wraps (``model`` itself otherwise)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
 def full_copy(model: torch.nn.Module, cfg: lm.ModelConfig) -> lm.TinyGPT:
     """An unsharded ``TinyGPT`` holding ``model``'s weights, gathered losslessly over the default (gloo)
-    group whatever group ``model`` was sharded over (FSDP2 shards dim 0 as torch.chunk does)."""
+    group whatever group ``model`` was sharded over (FSDP2 shards dim 0 as torch.chunk does); a DDP
+    model's weights (the same on every rank) are copied."""
+    model = unwrapped(model)
     copy = lm.TinyGPT(cfg)
     world = dist.get_world_size()
     targets = dict(copy.named_parameters())
@@ -240,14 +294,57 @@ def _mean_cpu(cpu: list[float], warmup: int) -> float:
     return float(total[0]) / dist.get_world_size()
 
 
-class Run:
-    """One variant's training in progress: its model (sharded over the variant's group), its optimizer,
-    and what its steps measured so far. ``advance`` trains it on, turn by turn."""
+class LinkMeter:
+    """The bytes this rank's host sent on its link during spans of training steps: the transmit counters
+    (``pycoll.bench.link``) of the interface pycoll sends through (PYCOLL_SOCKET_IFNAME: a tests/netns.py
+    host's veth). ``start`` and ``stop`` each read them between two barriers of the default group (no rank
+    sends while another of its host reads), so a span holds its steps' traffic and one barrier's few
+    hundred bytes. Each rank is credited 1/``share`` of its host's bytes (the ranks of a host send
+    through one interface). Counted are whole frames: headers, and the ACKs for what the host received,
+    included."""
 
-    def __init__(self, variant: Variant, group: Any, cfg: TrainConfig, corpus: lm.Corpus) -> None:
+    def __init__(self, iface: str, share: int) -> None:
+        from pycoll.bench import link
+
+        self.counter = link.LinkCounter(iface, 1, share=max(1, share))
+        self.sent = 0.0  # bytes, this rank's share, over every span so far
+        self._before = 0
+
+    @classmethod
+    def from_env(cls) -> LinkMeter | None:
+        """A meter on pycoll's interface, shared by LOCAL_WORLD_SIZE ranks; None where no interface is
+        named or its counters cannot be read (one host, no namespaces)."""
+        from pycoll.bench import link
+        from pycoll.env import Settings
+
+        iface = Settings.from_environ().socket_ifname
+        if iface is None or link.why_not(iface) is not None:
+            return None
+        return cls(iface, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+    def start(self) -> None:
+        dist.barrier()
+        self._before = self.counter.read().tx_bytes
+        dist.barrier()
+
+    def stop(self) -> None:
+        dist.barrier()
+        self.sent += (self.counter.read().tx_bytes - self._before) / self.counter.share
+        dist.barrier()
+
+
+class Run:
+    """One variant's training in progress: its model (sharded over the variant's group, or DDP), its
+    optimizer, and what its steps measured so far. ``advance`` trains it on, turn by turn; with a
+    ``meter``, the bytes its link sent during its steps (held-out evaluations left out) are counted."""
+
+    def __init__(
+        self, variant: Variant, group: Any, cfg: TrainConfig, corpus: lm.Corpus, meter: LinkMeter | None
+    ) -> None:
         self.variant, self.cfg, self.corpus = variant, cfg, corpus
         self.steps = cfg.local_steps if variant.backend == "local" else cfg.steps
-        self.model = sharded_model(cfg.model, cfg.seed, group, variant.fsdp_error_feedback)
+        self.model = variant_model(variant, cfg.model, cfg.seed, group)
+        self.meter = meter
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
         )
@@ -263,6 +360,7 @@ class Run:
         after each step that ``cfg.eval_every`` asks for (not timed)."""
         rank, world, cfg = dist.get_rank(), dist.get_world_size(), self.cfg
         first, started = len(self.losses), time.perf_counter()
+        self._count(True)
         for step in range(first, min(to_step, self.steps)):
             for g in self.opt.param_groups:
                 g["lr"] = lm.learning_rate(step, cfg.steps, cfg.lr, cfg.lr_warmup)
@@ -272,9 +370,17 @@ class Run:
             self.times.append(time.perf_counter() - t0)
             self.cpu.append(time.process_time() - c0)
             if self._eval_due(step):
+                self._count(False)
                 self.curve.append([step + 1, heldout_loss(self.model, cfg.model, evals)])
+                self._count(True)
+        self._count(False)
         self.turns.append((first, len(self.losses)))
         self.wall += time.perf_counter() - started
+
+    def _count(self, on: bool) -> None:
+        """Starts (``on``) or stops counting the link's bytes, where there is a meter."""
+        if self.meter is not None:
+            (self.meter.start if on else self.meter.stop)()
 
     def _eval_due(self, step: int) -> bool:
         """Every ``eval_every`` steps, except after the last (the final evaluation comes anyway)."""
@@ -289,6 +395,10 @@ class Run:
         record = {"variant": self.variant.name, "describe": self.variant.describe()}
         record.update(_summary(losses, times, self.turns, self.cfg, self.wall))
         record["cpu_s_per_step"] = _mean_cpu(self.cpu, self.cfg.timing_warmup)
+        if self.meter is not None:
+            sent = torch.tensor([self.meter.sent], dtype=torch.float64)
+            dist.all_reduce(sent)
+            record["bytes_sent"] = float(sent[0]) / dist.get_world_size()  # per rank, mean over ranks
         if self.variant.backend != "local":
             record["heldout_loss"] = heldout_loss(self.model, self.cfg.model, evals)
             record["heldout_curve"] = [*self.curve, [len(losses), record["heldout_loss"]]]
@@ -302,17 +412,24 @@ def train_interleaved(
     cfg: TrainConfig,
     turns: int,
     progress: Callable[[int, list[Run]], None] | None = None,
+    count_link_bytes: bool = False,
 ) -> list[dict[str, Any]]:
     """Trains every variant, all in memory at once, taking turns: in turn t each variant trains its next
     1/``turns`` of its steps, the order rotated by one each turn (A B C, B C A, ...), so that a change of
-    machine speed falls on every variant alike. First the probe of each variant's collectives. Returns
-    a record per variant (``Run.finish``, plus ``probe``)."""
+    machine speed falls on every variant alike. First the probe of each FSDP variant's collectives
+    (none with ``cfg.probe_iters`` 0). ``count_link_bytes``: count each variant's bytes on the link
+    (``LinkMeter.from_env``, where the counters can be read). Returns a record per variant
+    (``Run.finish``, plus ``probe``)."""
     evals = lm.eval_batches(corpus.heldout, cfg.eval_batches, cfg.eval_rows, cfg.model.context, cfg.seed)
     probes = {
         v.name: probe_collectives(v, groups[v.group_key()], cfg.model, cfg.probe_iters)
-        for v in variants if groups[v.group_key()] is not None
-    }  # fmt: skip
-    runs = [Run(v, groups[v.group_key()], cfg, corpus) for v in variants]
+        for v in variants
+        if groups[v.group_key()] is not None and v.parallel == "fsdp" and cfg.probe_iters > 0
+    }
+    runs = [
+        Run(v, groups[v.group_key()], cfg, corpus, LinkMeter.from_env() if count_link_bytes else None)
+        for v in variants
+    ]
     for t in range(turns):
         shift = t % len(runs)
         for run in runs[shift:] + runs[:shift]:

@@ -70,15 +70,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -86,6 +84,7 @@ REPO = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import _fsdp_train as ft  # noqa: E402
+import _links as links  # noqa: E402
 import _textlm as lm  # noqa: E402
 
 VARIANTS = {
@@ -132,23 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_VARIANTS,
         help=f"comma list of {', '.join(VARIANTS)} ({DEFAULT_VARIANTS})",
     )
-    add("--turns", type=int, default=10, help="turns the variants take, order rotated per turn (10)")
-    add("--steps", type=int, default=500, help="training steps per variant (500)")
-    add("--local-steps", type=int, default=40, help="steps of the no-communication floor (40)")
-    add("--timing-warmup", type=int, default=10, help="steps left out of the step times (10)")
-    add("--last-k", type=int, default=20, help="steps whose mean loss is the final training loss (20)")
-    add("--batch", type=int, default=2, help="sequences per rank per step (2)")
-    add("--context", type=int, default=64, help="bytes per sequence (64)")
-    add("--width", type=int, default=256, help="model width (256)")
-    add("--depth", type=int, default=4, help="transformer blocks (4)")
-    add("--heads", type=int, default=4, help="attention heads (4)")
-    add("--lr", type=float, default=2e-3, help="AdamW peak learning rate (2e-3)")
-    add("--seeds", default="0", help="weights and data seeds, a comma list: one job each (0)")
-    add("--eval-batches", type=int, default=32, help="held-out batches of --eval-rows sequences (32)")
-    add("--eval-rows", type=int, default=16, help="sequences per held-out batch (16)")
-    add(
-        "--eval-every", type=int, default=100, help="a held-out point every N steps, 0: at the end only (100)"
-    )
+    links.add_training_arguments(p, eval_every=100)
     add("--probe-iters", type=int, default=3, help="timed calls of each collective in the probe (3)")
     add("--timeout", type=float, default=3600.0, help="seconds one host count's job may take (3600)")
     add("--json", default=None, metavar="FILE", help="one JSON line per variant (curves too)")
@@ -164,19 +147,12 @@ def apply_quick(args: argparse.Namespace) -> None:
     """--quick: 2 hosts, a tiny model, few steps."""
     if args.hosts == "2,4":
         args.hosts = "2"
-    args.steps, args.local_steps, args.timing_warmup, args.last_k, args.turns = 30, 15, 5, 5, 3
-    args.width, args.depth, args.heads, args.context = 64, 2, 2, 32
-    args.eval_batches, args.eval_rows, args.eval_every = 8, 8, 10
+    links.apply_quick_training(args)
 
 
 def train_config(args: argparse.Namespace, seed: int = 0) -> ft.TrainConfig:
-    model = lm.ModelConfig(width=args.width, depth=args.depth, heads=args.heads, context=args.context)
-    return ft.TrainConfig(
-        model=model, steps=args.steps, batch=args.batch, lr=args.lr, lr_warmup=max(1, args.steps // 20),
-        seed=seed, timing_warmup=args.timing_warmup, last_k=args.last_k,
-        eval_batches=args.eval_batches, eval_rows=args.eval_rows, eval_every=args.eval_every,
-        local_steps=args.local_steps, probe_iters=args.probe_iters, timeout_s=min(args.timeout, 1800.0),
-    )  # fmt: skip
+    settings = links.train_settings(args, seed, args.probe_iters, min(args.timeout, 1800.0))
+    return ft.TrainConfig.from_dict(settings)
 
 
 def usable_variants(names: Sequence[str]) -> tuple[list[ft.Variant], list[str]]:
@@ -215,113 +191,18 @@ def worker(config_path: str) -> int:
     groups = ft.make_groups(variants, cfg.timeout_s)
     corpus = lm.load_corpus()
     rank = dist.get_rank()
-
-    def progress(turn: int, runs: list[ft.Run]) -> None:
-        if rank == 0:  # this rank's own times: a progress line, not a result
-            last = {r.variant.name: r.times[r.turns[-1][0] : r.turns[-1][1]] for r in runs}
-            ms = {n: 1e3 * statistics.median(t) for n, t in last.items() if t}
-            _append(spec["out"], {"progress": turn + 1, "turns": spec["turns"], "ms": ms})
-
+    progress = links.progress_writer(spec["out"], spec["turns"], rank)
     records = ft.train_interleaved(variants, groups, corpus, cfg, spec["turns"], progress)
     if rank == 0:
         for record in records:
-            _append(spec["out"], dict(record, corpus=corpus.fingerprint))
-        _append(spec["out"], {"done": True})
+            links.append_record(spec["out"], dict(record, corpus=corpus.fingerprint))
+        links.append_record(spec["out"], {"done": True})
     dist.barrier()
     return 0
 
 
-def _append(path: str, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Launching
-
-
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _watch(out: Path, running: Callable[[], bool], timeout: float) -> bool:
-    """Prints each record as rank 0 writes it until the job ends; False when ``timeout`` ran out."""
-    deadline, shown = time.monotonic() + timeout, 0
-    while True:
-        alive = running()
-        records = _read_records(out)
-        for r in records[shown:]:
-            if "progress" in r:
-                ms = ", ".join(f"{n} {t:.0f}" for n, t in r["ms"].items())
-                print(f"  turn {r['progress']}/{r['turns']}, ms/step (rank 0): {ms}", flush=True)
-        shown = len(records)
-        if not alive:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(2.0)
-
-
-def run_netns(h: int, per_host: int, program: list[str], args: argparse.Namespace, work: Path) -> bool:
-    """The job on ``h`` virtual hosts; True when every launcher exited in time."""
-    sys.path.append(str(REPO / "tests"))
-    import netns  # tests/netns.py
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("PYCOLL_TRANSPORT", None)
-    with netns.virtual_hosts(h, args.rate) as hosts:
-        nodes = netns.start_pycoll_job(hosts, per_host, program, work, env=env, tag=f"h{h}-")
-        try:
-            running = lambda: any(n.proc.poll() is None for n in nodes)  # noqa: E731
-            ok = _watch(Path(program[-1]).with_suffix(".jsonl"), running, args.timeout)
-        finally:
-            netns.stop_job(nodes)
-        if args.verbose or not ok or any(n.proc.returncode for n in nodes):
-            for n in nodes:
-                print(
-                    f"--- node {n.node_rank}: exit {n.proc.returncode}\n{n.stdout()}{n.stderr()}",
-                    file=sys.stderr,
-                )
-    return ok
-
-
-def run_local(ranks: int, program: list[str], args: argparse.Namespace, work: Path) -> bool:
-    """The job on this host (``pycoll run -n ranks``, shared memory; gloo on loopback)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    log = open(work / "local.log", "wb")
-    cmd = [sys.executable, "-m", "pycoll.run", "-n", str(ranks), *program]
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        ok = _watch(Path(program[-1]).with_suffix(".jsonl"), lambda: proc.poll() is None, args.timeout)
-    finally:
-        _stop_session(proc)
-        log.close()
-    if args.verbose or not ok or proc.returncode:
-        print(
-            f"--- exit {proc.returncode}\n{(work / 'local.log').read_text(errors='replace')}", file=sys.stderr
-        )
-    return ok
-
-
-def _stop_session(proc: subprocess.Popen) -> None:
-    """Ends the launcher started in a session of its own and every process of that session (its ranks):
-    SIGTERM (the launcher forwards it), then SIGKILL after 10 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None and sig == signal.SIGTERM:
-            sig = signal.SIGKILL  # the launcher is gone; only stray ranks could be left
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def run_host_count(
@@ -335,12 +216,10 @@ def run_host_count(
     config.write_text(json.dumps(spec))
     program = [str(HERE / "fsdp_links.py"), "--worker", str(config)]
     per_host = args.ranks // h
-    ok = (
-        run_local(args.ranks, program, args, work)
-        if args.no_netns
-        else run_netns(h, per_host, program, args, work)
-    )
-    records = _read_records(out)
+    rate = None if args.no_netns else args.rate
+    ok = links.run_job(h, args.ranks, program, out, rate=rate, timeout=args.timeout, verbose=args.verbose,
+                       work=work)  # fmt: skip
+    records = links.read_records(out)
     done = any(r.get("done") for r in records)
     if not ok or not done:
         print(f"fsdp_links: the {h}-host job {'timed out' if not ok else 'did not finish'}; "
@@ -413,7 +292,7 @@ def header_lines(cfg: ft.TrainConfig, hosts: int, per_host: int, rate: str | Non
     units = ft.fsdp_units(m, world)
     moved = sum((gathers + 1) * numel for _, numel, gathers in units) * (world - 1) * 4  # ring: per rank
     link = f"links shaped to {rate} each way" if rate else "one host, no namespaces"
-    floor = f" = {moved * 8 / _rate_bps(rate) * 1e3:.0f} ms at {rate}" if rate else ""
+    floor = f" = {moved * 8 / links.rate_bps(rate) * 1e3:.0f} ms at {rate}" if rate else ""
     tokens = cfg.batch * m.context
     return [
         f"== FSDP2, {hosts} host{'s' if hosts > 1 else ''} x {per_host} rank{'s' if per_host > 1 else ''} "
@@ -427,13 +306,6 @@ def header_lines(cfg: ft.TrainConfig, hosts: int, per_host: int, rate: str | Non
         f"held-out: {cfg.eval_batches} x {cfg.eval_rows} x {m.context} bytes, full-precision weights; "
         f"train loss: mean of the last {cfg.last_k} steps",
     ]
-
-
-def _rate_bps(rate: str | None) -> float:
-    sys.path.append(str(REPO / "tests"))
-    import netns
-
-    return netns.rate_bits_per_s(rate or "1gbit")
 
 
 def _row(name: str, v: dict[str, Any], floor: dict[str, Any] | None) -> str:
@@ -518,22 +390,12 @@ def check_args(args: argparse.Namespace) -> list[int]:
     return hosts
 
 
-def _problem(args: argparse.Namespace) -> str | None:
-    """Why the namespaces cannot be made here, or None."""
-    if args.no_netns:
-        return None
-    sys.path.append(str(REPO / "tests"))
-    import netns
-
-    return netns.why_no_netns(args.rate)
-
-
 def print_tables(paths: Sequence[str]) -> int:
     """The tables of the records in ``paths`` (--json files), one per setting (hosts, ranks, rate, model,
     steps, batch), seeds pooled."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for path in paths:
-        for r in _read_records(Path(path)):
+        for r in links.read_records(Path(path)):
             setting = {k: v for k, v in r["train"].items() if k != "seed"}
             key = json.dumps([r["hosts"], r["ranks_per_host"], r["rate"], setting], sort_keys=True)
             groups.setdefault(key, []).append(r)
@@ -542,29 +404,17 @@ def print_tables(paths: Sequence[str]) -> int:
     return 0 if groups else 1
 
 
-def _interrupt_on_signals() -> None:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (where nothing else handles them), so that the
-    clean-up of the namespaces and processes runs."""
-
-    def interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:
-            signal.signal(sig, interrupt)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return worker(args.worker)
     if args.table:
         return print_tables(args.table)
-    _interrupt_on_signals()
+    links.interrupt_on_signals()
     if args.quick:
         apply_quick(args)
     host_counts = check_args(args)
-    problem = _problem(args)
+    problem = None if args.no_netns else links.why_no_netns(args.rate)
     if problem:
         print(f"fsdp_links: {problem}", file=sys.stderr)
         return 2
