@@ -70,6 +70,7 @@ call's cross-host stage adds it back when it reads the host's sum.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from pycoll.algorithms._layout import copy, cut_segments, recv, recv_reduce, send
 from pycoll.algorithms.plan import Buf, Op, Plan, make_plan, segments, split_even
@@ -92,6 +93,41 @@ def _remap(op: Op, column: list[int], offset: int) -> Op:
 def _within_host(op: Op) -> Op:
     """An intra-host op: its message stays float32 in a compressed plan (see the module docstring)."""
     return replace(op, uncompressed=True)
+
+
+class _Grid(NamedTuple):
+    """This rank's place among hosts of ``local_size`` consecutive ranks, as the chunked plans name it:
+    ``mates`` (its host's ranks by local index), ``others`` / ``froms`` (the local indices it sends to /
+    receives from, in fixed rotations as direct.py), ``column`` (the rank of its local index on each host),
+    ``to_hosts`` / ``from_hosts`` (the other hosts, in rotation)."""
+
+    hosts: int
+    host: int
+    local: int
+    mates: list[int]
+    others: list[int]
+    froms: list[int]
+    column: list[int]
+    to_hosts: list[int]
+    from_hosts: list[int]
+
+
+def _grid(rank: int, world: int, local_size: int) -> _Grid:
+    if local_size < 1 or world % local_size:
+        raise ValueError(f"world ({world}) must be a multiple of local_size ({local_size})")
+    hosts = world // local_size
+    host, local = divmod(rank, local_size)
+    return _Grid(
+        hosts,
+        host,
+        local,
+        mates=[host * local_size + j for j in range(local_size)],
+        others=[(local + k) % local_size for k in range(1, local_size)],
+        froms=[(local - k) % local_size for k in range(1, local_size)],
+        column=[c * local_size + local for c in range(hosts)],
+        to_hosts=[(host + k) % hosts for k in range(1, hosts)],
+        from_hosts=[(host - k) % hosts for k in range(1, hosts)],
+    )
 
 
 def hierarchical_allreduce(rank: int, world: int, count: int, segment_elems: int, local_size: int) -> Plan:
@@ -157,21 +193,12 @@ def hierarchical_reduce_scatter(
     consecutive ranks, in place on a copy of INPUT (world * count elements); the result is this rank's
     chunk of it. Segments are cut from every chunk's start (so whole codec blocks where ``segment_elems``
     is a multiple of a block)."""
-    if local_size < 1 or world % local_size:
-        raise ValueError(f"world ({world}) must be a multiple of local_size ({local_size})")
-    hosts = world // local_size
-    host, local = divmod(rank, local_size)
+    hosts, host, local, mates, others, froms, column, to_hosts, from_hosts = _grid(rank, world, local_size)
     total = world * count
 
     def chunk(c: int, j: int, off: int) -> int:  # element offset of `off` in chunk (c, j)
         return (c * local_size + j) * count + off
 
-    mates = [host * local_size + j for j in range(local_size)]
-    others = [(local + k) % local_size for k in range(1, local_size)]  # fixed rotations, as direct.py
-    froms = [(local - k) % local_size for k in range(1, local_size)]
-    column = [c * local_size + local for c in range(hosts)]
-    to_hosts = [(host + k) % hosts for k in range(1, hosts)]
-    from_hosts = [(host - k) % hosts for k in range(1, hosts)]
     steps: list[list[Op]] = []
     for off, n in segments(0, count, segment_elems):
         if local_size > 1:
@@ -195,20 +222,11 @@ def hierarchical_all_gather(
     """The hierarchical all-gather of chunks of ``count`` elements on hosts of ``local_size`` consecutive
     ranks (INPUT ``count``, OUTPUT ``world * count``). ``finals``: where SENDs read the chunks they forward
     (OUTPUT; ENCODED in the compressed plan). Segments are cut from every chunk's start."""
-    if local_size < 1 or world % local_size:
-        raise ValueError(f"world ({world}) must be a multiple of local_size ({local_size})")
-    hosts = world // local_size
-    host, local = divmod(rank, local_size)
+    hosts, host, local, mates, others, froms, column, to_hosts, from_hosts = _grid(rank, world, local_size)
 
     def chunk(c: int, j: int, off: int) -> int:  # element offset of `off` in chunk (c, j) of OUTPUT
         return (c * local_size + j) * count + off
 
-    mates = [host * local_size + j for j in range(local_size)]
-    others = [(local + k) % local_size for k in range(1, local_size)]  # fixed rotations, as direct.py
-    froms = [(local - k) % local_size for k in range(1, local_size)]
-    column = [c * local_size + local for c in range(hosts)]
-    to_hosts = [(host + k) % hosts for k in range(1, hosts)]
-    from_hosts = [(host - k) % hosts for k in range(1, hosts)]
     steps: list[list[Op]] = [[copy(count, (IN, 0), (OUT, chunk(host, local, 0)))]]
     pieces = segments(0, count, segment_elems)
     for off, n in pieces:
