@@ -347,8 +347,9 @@ def targets_of(lines: Sequence[dict[str, Any]], goal: Goal) -> dict[tuple[Any, .
 
 def summarize(lines: Sequence[dict[str, Any]], goal: Goal) -> dict[str, dict[str, Any]]:
     """Per variant of one link (its seeds pooled): medians of step, wall and comm seconds and bytes; the
-    mean final loss and gap to gloo's (%, same seed); time to target per seed, its median and range; the
-    speed-up (gloo's time to the target over the variant's, median over the seeds where both reach it)."""
+    mean final loss and gap to gloo's (%, same seed) with the gap's standard deviation over the seeds; time
+    to target per seed, its median and range, and in how many seeds it was reached; the speed-up (gloo's time
+    to the target over the variant's, median over the seeds where both reach it)."""
     targets = targets_of(lines, goal)
     gloo = {ln["seed"]: ln for ln in lines if ln["variant"] == BASELINE}
     names = dict.fromkeys(ln["variant"] for ln in lines)
@@ -380,6 +381,7 @@ def _summary(
         "bytes_sent": _median([ln["bytes_sent"] for ln in mine]),
         "final_loss": statistics.mean(ln["final_loss"] for ln in mine),
         "gap_pct": statistics.mean(gaps) if gaps else None,
+        "gap_sd": statistics.stdev(gaps) if len(gaps) > 1 else None,
         "to_target_s": _median(reached),
         "to_target_range": (min(reached), max(reached)) if reached else None,
         "speedup": _median(speedups),
@@ -412,8 +414,9 @@ def header_lines(lines: Sequence[dict[str, Any]], goal: Goal) -> list[str]:
         f"{t['batch']} per rank; {t['steps']} steps in turns, AdamW lr {t['lr']:g}; held-out "
         f"{t['eval_batches']} x {t['eval_rows']} x {m['context']} bytes every {t['eval_every']} steps",
         f"seeds {', '.join(map(str, seeds))} ({len(seeds)} run{'s' if len(seeds) > 1 else ''}): medians over "
-        f"seeds, losses the mean; wall s: training only (slowest rank per step); comm s: steps x (ms/step - "
-        f"no-communication floor's); MB/rank: bytes on the rank's link; target: {goal.describe()}",
+        f"seeds, losses the mean (gap: mean+-s.d. over seeds); wall s: training only (slowest rank per "
+        f"step); comm s: steps x (ms/step - no-communication floor's); MB/rank: bytes on the rank's link; "
+        f"target: {goal.describe()}",
     ]
 
 
@@ -426,7 +429,7 @@ def format_table(lines: Sequence[dict[str, Any]], goal: Goal) -> str:
     out.append(f"no-communication floor: {_f(floor and floor * 1e3, '.1f', 0)} ms/step{counted}")
     out.append(
         f"{'variant':<12}{'what':<37}{'ms/step':>8}{'wall s':>8}{'comm s':>8}{'MB/rank':>9}{'held-out':>9}"
-        f"{'gap %':>7}{'to target s':>12}{'range':>13}{'x gloo':>7}"
+        f"{'gap %':>13}{'to target s':>12}{'reached':>8}{'range':>13}{'x gloo':>7}"
     )
     for name, v in rows.items():
         rng = v["to_target_range"]
@@ -436,10 +439,17 @@ def format_table(lines: Sequence[dict[str, Any]], goal: Goal) -> str:
         out.append(
             f"{name:<12}{v['describe'][:36]:<37}{v['step_ms']:8.1f}{_f(v['wall_s'], '.1f', 8)}"
             f"{_f(v['comm_s'], '.1f', 8)}{_f(mb, '.1f', 9)}{v['final_loss']:9.4f}"
-            f"{_f(v['gap_pct'], '+.2f', 7)}"
-            f"{reached}{spread:>13}{_f(v['speedup'], '.2f', 7)}"
+            f"{_gap(v['gap_pct'], v['gap_sd']):>13}"
+            f"{reached}{str(v['reached']) + '/' + str(v['seeds']):>8}{spread:>13}{_f(v['speedup'], '.2f', 7)}"
         )
     return "\n".join(out)
+
+
+def _gap(mean: float | None, sd: float | None) -> str:
+    """The gap column: the mean over seeds, and its standard deviation where there are several."""
+    if mean is None:
+        return "-"
+    return f"{mean:+.2f}" if sd is None else f"{mean:+.2f}+-{sd:.2f}"
 
 
 def where_text(h: int, rate: str | None, ranks: int) -> str:

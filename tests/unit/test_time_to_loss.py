@@ -124,6 +124,21 @@ def test_summary_speedup_and_gap_against_gloo() -> None:
     assert "+ 10%" in ttl.format_table([gloo, slow], ttl.Goal(within_pct=10.0))
 
 
+def test_summary_over_seeds_gives_the_gap_spread_and_how_many_seeds_reached() -> None:
+    gloo = [ttl.json_line(record("gloo", [3.0, 2.0], 1.0), 0.1, {**WHERE, "seed": s}) for s in (0, 1)]
+    int8 = [
+        ttl.json_line(record("int8", [2.5, 1.9], 0.5), 0.1, {**WHERE, "seed": 0}),  # -5%, reached
+        ttl.json_line(record("int8", [2.5, 2.1], 0.5), 0.1, {**WHERE, "seed": 1}),  # +5%, not reached
+    ]
+    row = ttl.summarize([*gloo, *int8], ttl.Goal())["int8"]
+    assert row["gap_pct"] == pytest.approx(0.0) and row["gap_sd"] == pytest.approx(5 * 2**0.5)
+    assert row["seeds"] == 2 and row["reached"] == 1
+    assert row["to_target_s"] == pytest.approx(0.5 + 0.5 * 0.5 / 0.6)
+    table = ttl.format_table([*gloo, *int8], ttl.Goal())
+    line = next(ln for ln in table.splitlines() if ln.startswith("int8"))
+    assert "+0.00+-7.07" in line and " 1/2 " in line
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     gloo = ttl.json_line(record("gloo", [3.0, 2.0], 1.0), 0.1, WHERE)
