@@ -479,8 +479,8 @@ def require_matplotlib() -> None:
 
 
 def plot(lines: Sequence[dict[str, Any]], path: str, goal: Goal) -> None:
-    """Held-out loss against wall-clock seconds, one panel per link, one line per variant (and seed), the
-    target dashed and each variant's time to it marked."""
+    """Held-out loss against wall-clock seconds, one panel per link: per variant the mean curve over the
+    seeds (each seed faint behind it), the mean target dashed, and the speed-up over gloo in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -493,7 +493,7 @@ def plot(lines: Sequence[dict[str, Any]], path: str, goal: Goal) -> None:
     rows = -(-len(groups) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.2 * rows), squeeze=False)
     for ax, (key, mine) in zip(axes.flat, groups.items()):
-        _panel(ax, key, mine, targets_of(mine, goal), colors)
+        _panel(ax, key, mine, goal, colors)
     for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
     fig.tight_layout()
@@ -501,25 +501,44 @@ def plot(lines: Sequence[dict[str, Any]], path: str, goal: Goal) -> None:
     plt.close(fig)
 
 
-def _panel(ax: Any, key: tuple[Any, ...], lines: Sequence[dict[str, Any]], targets: dict[Any, float],
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
+    """The seeds' curves averaged point by point (wall time and loss at each evaluated step), over the
+    steps every curve has."""
+    steps = set.intersection(*({c[0] for c in curve} for curve in curves)) if curves else set()
+    points = [{c[0]: c for c in curve} for curve in curves]
+    return [
+        [s, statistics.mean(p[s][1] for p in points), statistics.mean(p[s][2] for p in points)]
+        for s in sorted(steps)
+    ]
+
+
+def _panel(ax: Any, key: tuple[Any, ...], lines: Sequence[dict[str, Any]], goal: Goal,
            colors: dict[str, Any]) -> None:  # fmt: skip
     """One link's panel."""
     h, rate, ranks = key
-    labelled: set[str] = set()
-    for ln in lines:
-        name, curve = ln["variant"], ln["curve"]
-        first = name not in labelled
-        labelled.add(name)
-        ax.plot([c[1] for c in curve], [c[2] for c in curve], color=colors[name], lw=1.4 if first else 0.8,
-                label=name if first else None)  # fmt: skip
-        goal = targets.get((h, rate, ranks, ln["seed"]))
-        reached = time_to_target(curve, goal) if goal is not None else None
+    targets = targets_of(lines, goal)
+    target = statistics.mean(targets.values()) if targets else None
+    rows = summarize(lines, goal)
+    seeds = len({ln["seed"] for ln in lines})
+    for name, row in rows.items():
+        mine = [ln for ln in lines if ln["variant"] == name]
+        if seeds > 1:
+            for ln in mine:
+                ax.plot([c[1] for c in ln["curve"]], [c[2] for c in ln["curve"]], color=colors[name], lw=0.6,
+                        alpha=0.3)  # fmt: skip
+        curve = mean_curve([ln["curve"] for ln in mine])
+        speedup = row["speedup"]
+        label = f"{name} ({speedup:.2f}x" if speedup is not None else f"{name} (not reached"
+        label += f" in {row['reached']}/{seeds})" if 0 < row["reached"] < seeds else ")"
+        ax.plot([c[1] for c in curve], [c[2] for c in curve], color=colors[name], lw=1.5, label=label)
+        reached = time_to_target(curve, target) if target is not None else None
         if reached is not None:
-            ax.plot([reached], [goal], "o", color=colors[name], ms=5)
-    for goal in sorted(set(targets.values())):
-        ax.axhline(goal, color="grey", ls="--", lw=0.8)
+            ax.plot([reached], [target], "o", color=colors[name], ms=5)
+    if target is not None:
+        ax.axhline(target, color="grey", ls="--", lw=0.8)
     where = where_text(h, rate, ranks) if rate else f"one host, {ranks} ranks"
-    ax.set_title(f"{where} (dashed: target, o: reached)", fontsize=10)
+    runs = f", mean of {seeds} seeds" if seeds > 1 else ""
+    ax.set_title(f"{where}{runs}\n(dashed: target; o: reached; legend: speed-up to it over gloo)", fontsize=9)
     ax.set_xlabel("training wall-clock s")
     ax.set_ylabel("held-out loss (nats/byte)")
     ax.grid(alpha=0.3)

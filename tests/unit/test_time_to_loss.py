@@ -139,12 +139,25 @@ def test_summary_over_seeds_gives_the_gap_spread_and_how_many_seeds_reached() ->
     assert "+0.00+-7.07" in line and " 1/2 " in line
 
 
+def test_mean_curve_averages_wall_time_and_loss_at_the_steps_every_seed_has() -> None:
+    a = [[1, 1.0, 3.0], [2, 2.0, 2.0], [3, 3.0, 1.0]]
+    b = [[1, 2.0, 4.0], [2, 3.0, 3.0]]
+    assert ttl.mean_curve([a, b]) == [[1, 1.5, 3.5], [2, 2.5, 2.5]]
+    assert ttl.mean_curve([a]) == a and ttl.mean_curve([]) == []
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     gloo = ttl.json_line(record("gloo", [3.0, 2.0], 1.0), 0.1, WHERE)
     alone = ttl.json_line(record("gloo", [3.0, 2.5], 1.0), 0.1, dict(WHERE, hosts=1, rate=None))
     out = tmp_path / "ttl.png"
     ttl.plot([gloo, alone], str(out), ttl.Goal())
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # several seeds and variants: the mean curves, one of them reaching the target in one seed of two
+    runs = [(s, v, ls) for s in (0, 1) for v, ls in (("gloo", [3.0, 2.0]), ("int8", [2.5, 1.9 + 0.2 * s]))]
+    seeds = [ttl.json_line(record(v, ls, 0.5), 0.1, {**WHERE, "seed": s}) for s, v, ls in runs]
+    out.unlink()
+    ttl.plot(seeds, str(out), ttl.Goal(within_pct=1.0))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
