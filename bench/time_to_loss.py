@@ -57,8 +57,10 @@ speed-up is gloo's time to the target over the variant's.
 host), ``steps``, ``final_loss`` (held-out), ``wall_s``, ``comm_s``, ``bytes_sent``, ``curve`` (``[step,
 wall_s, loss]`` triples), and ``seed``, ``ranks``, ``describe``, ``step_s_median``, ``floor_step_s``,
 ``final_train_loss``, ``corpus``, ``train`` (the training's settings). ``--plot`` (needs matplotlib):
-held-out loss against wall-clock seconds, one line per variant, one panel per link, the target dashed
-and each variant's time to it marked.
+held-out loss against wall-clock seconds, one panel per link; per variant the mean curve over the seeds
+(wall time and loss averaged at each evaluated step; the seeds' own curves faint behind it), the mean
+of the seeds' targets dashed, the mean curve's time to it marked, and the table's speed-up (the median
+over seeds) in the legend.
 
 Needs root (namespaces), iproute2 (ip, tc) and CPU torch for H > 1; everything created is removed at
 the end, also on errors, Ctrl-C and SIGTERM, and every job ends within ``--timeout``.
