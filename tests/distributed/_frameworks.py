@@ -240,6 +240,7 @@ def lightning_train(comm: Any, rank: int, world: int, backend: str, steps: int =
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from lightning.pytorch.plugins.environments import LightningEnvironment
     from lightning.pytorch.strategies import DDPStrategy
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -268,6 +269,10 @@ def lightning_train(comm: Any, rank: int, world: int, backend: str, steps: int =
         strategy=DDPStrategy(process_group_backend=backend, timeout=timedelta(seconds=PG_TIMEOUT_S)),
         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=root,
+        # named, so that Lightning does not probe for the others: its MPI probe (with mpi4py installed)
+        # calls MPI_Init as a singleton, and a rank that ends without MPI_Finalize leaves Open MPI's
+        # shared-memory segment (sm_segment.*) in /dev/shm
+        plugins=[LightningEnvironment()],
     )
     try:
         trainer.fit(module, DataLoader(data, batch_size=16))  # the DistributedSampler: rank-dependent data

@@ -91,9 +91,13 @@ def test_fsdp2_error_feedback_is_kept_per_module() -> None:
 
 def test_lightning_ddp_strategy() -> None:
     """Lightning ``Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend=...))``
-    fits a few steps; the weights moved and are identical on both ranks."""
+    fits a few steps; the weights moved and are identical on both ranks; and no Open MPI segment is left
+    in /dev/shm (Lightning's MPI probe would leave one per rank when mpi4py is installed)."""
     pytest.importorskip("lightning", reason="PyTorch Lightning is not installed (pip install lightning)")
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     out = run_ranks(2, fw.lightning_train, BACKEND, 4, timeout=120)
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not {n for n in after - before if n.startswith("sm_segment")}, sorted(after - before)
     assert [o["rank"] for o in out] == [0, 1] and {o["world"] for o in out} == {2}
     assert {o["backend"] for o in out} == {BACKEND}
     assert {o["strategy_backend"] for o in out} == {BACKEND}
