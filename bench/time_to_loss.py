@@ -514,6 +514,15 @@ def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]
     ]
 
 
+def legend_label(name: str, row: dict[str, Any]) -> str:
+    """A variant's legend entry from its ``summarize`` row: the speed-up over gloo, and in how many seeds
+    the target was reached where not in all."""
+    some = f" in {row['reached']}/{row['seeds']}" if row["reached"] < row["seeds"] else ""
+    if row["speedup"] is not None:
+        return f"{name} ({row['speedup']:.2f}x{some})"
+    return f"{name} (not reached)" if not row["reached"] else f"{name} (reached{some})"
+
+
 def _panel(ax: Any, key: tuple[Any, ...], lines: Sequence[dict[str, Any]], goal: Goal,
            colors: dict[str, Any]) -> None:  # fmt: skip
     """One link's panel."""
@@ -529,10 +538,8 @@ def _panel(ax: Any, key: tuple[Any, ...], lines: Sequence[dict[str, Any]], goal:
                 ax.plot([c[1] for c in ln["curve"]], [c[2] for c in ln["curve"]], color=colors[name], lw=0.6,
                         alpha=0.3)  # fmt: skip
         curve = mean_curve([ln["curve"] for ln in mine])
-        speedup = row["speedup"]
-        label = f"{name} ({speedup:.2f}x" if speedup is not None else f"{name} (not reached"
-        label += f" in {row['reached']}/{seeds})" if 0 < row["reached"] < seeds else ")"
-        ax.plot([c[1] for c in curve], [c[2] for c in curve], color=colors[name], lw=1.5, label=label)
+        ax.plot([c[1] for c in curve], [c[2] for c in curve], color=colors[name], lw=1.5,
+                label=legend_label(name, row))  # fmt: skip
         reached = time_to_target(curve, target) if target is not None else None
         if reached is not None:
             ax.plot([reached], [target], "o", color=colors[name], ms=5)

@@ -146,6 +146,15 @@ def test_mean_curve_averages_wall_time_and_loss_at_the_steps_every_seed_has() ->
     assert ttl.mean_curve([a]) == a and ttl.mean_curve([]) == []
 
 
+def test_legend_label_gives_the_speedup_and_the_seeds_that_reached() -> None:
+    row = {"speedup": 1.754, "reached": 3, "seeds": 3}
+    assert ttl.legend_label("int8", row) == "int8 (1.75x)"
+    assert ttl.legend_label("int8", {**row, "reached": 2}) == "int8 (1.75x in 2/3)"
+    assert ttl.legend_label("int4", {"speedup": None, "reached": 0, "seeds": 2}) == "int4 (not reached)"
+    # reached, but never in a seed where gloo reached it too: no speed-up to give
+    assert ttl.legend_label("int4", {"speedup": None, "reached": 1, "seeds": 2}) == "int4 (reached in 1/2)"
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     gloo = ttl.json_line(record("gloo", [3.0, 2.0], 1.0), 0.1, WHERE)
