@@ -21,7 +21,7 @@ from pycoll.arrays import DTYPE_CODES, OP_CODES, Buffer, as_buffer, op_code
 from pycoll.auto import DEFAULT_ERROR_BUDGET as DEFAULT_ERROR_BUDGET  # (decided in pycoll.auto)
 from pycoll.auto import auto_compressed_algorithm as auto_compressed_algorithm
 from pycoll.bootstrap import TorchStoreAdapter, detect_launch, explicit_launch, rendezvous
-from pycoll.call import Call, compression_refusal
+from pycoll.call import Call, compression_refusal, gpu_codec_refusal
 from pycoll.comm import Communicator
 from pycoll.compression import Codec, ErrorFeedback, get_codec
 from pycoll.env import Settings, launcher_hosts_store
@@ -257,6 +257,8 @@ def _compression(
             f"({comm.fragment_bytes} bytes, PYCOLL_SHM_SLOT_BYTES); use a smaller block"
         )
     refusal = compression_refusal(collective, buf.dtype, op)
+    if refusal is None and buf.on_gpu:  # refused before anything runs, at one rank too
+        refusal = gpu_codec_refusal(codec.kind)
     if refusal is not None:
         raise InvalidUsageError(f"compression={codec!r} {refusal}")
     if residual is None:

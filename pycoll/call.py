@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pycoll.arrays import Buffer
+from pycoll.codes import KIND_CODES
 
 if TYPE_CHECKING:
     from pycoll.compression import Codec
@@ -37,6 +38,13 @@ def compression_refusal(collective: str, dtype: str, op: str) -> str | None:
     if op.lower() not in COMPRESSIBLE_OPS:
         return f"supports op {' or '.join(repr(o) for o in COMPRESSIBLE_OPS)}, got {op!r}"
     return None
+
+
+def gpu_codec_refusal(kind: str) -> str | None:
+    """Why a codec of ``kind`` cannot compress GPU memory (a user codec is CPU code); None where it can."""
+    if kind in KIND_CODES and kind != "user":
+        return None
+    return "is a user codec, which runs on CPUs only; on GPUs use fp16, bf16, int8 or int4"
 
 
 class Call:

@@ -508,16 +508,24 @@ void Comm::launched(int result, const char* call) {
   if (result != kSuccess) fail(result, call, false);
 }
 
+// The NCCL op of a reduction on this communicator. At one rank an average is its input (x * 1/1 == x
+// exactly), so it is asked for as a sum, which NCCL's one-rank path runs as a plain copy: its pre-multiplied
+// sum kernel, which NCCL runs for an average of floating-point data at one rank, left the tail of a
+// 1,000,003-element float64 out-of-place call unwritten on an H100 (the GPU check of 2026-12-05).
+int Comm::op_for(RedOp op) const {
+  return nccl_op(world_ == 1 && op == RedOp::kAvg ? RedOp::kSum : op);
+}
+
 void Comm::all_reduce(const void* send, void* recv, size_t count, DType dtype, RedOp op, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   void* c = live("ncclAllReduce");
-  launched(g_api.AllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), c, stream), "ncclAllReduce");
+  launched(g_api.AllReduce(send, recv, count, nccl_type(dtype), op_for(op), c, stream), "ncclAllReduce");
 }
 
 void Comm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, RedOp op, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   void* c = live("ncclReduceScatter");
-  launched(g_api.ReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), c, stream), "ncclReduceScatter");
+  launched(g_api.ReduceScatter(send, recv, recv_count, nccl_type(dtype), op_for(op), c, stream), "ncclReduceScatter");
 }
 
 void Comm::all_gather(const void* send, void* recv, size_t send_count, DType dtype, cudaStream_t stream) {

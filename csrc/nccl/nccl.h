@@ -87,6 +87,7 @@ class Comm {
  private:
   // These expect mu_ to be held.
   void* live(const char* call) const;  // comm_, or throws kBroken when aborted or destroyed
+  int op_for(RedOp op) const;          // the NCCL op: an average at one rank is asked for as a sum
   // Waits while NCCL reports ncclInProgress for this communicator; throws (and aborts on timeout).
   void wait_ready(const char* call);
   void launched(int result, const char* call);  // checks a collective's or send/recv's result

@@ -12,7 +12,7 @@ import pycoll
 from pycoll import _C
 from pycoll import plans as plans_module
 from pycoll.arrays import Buffer
-from pycoll.call import COMPRESSIBLE_DTYPES, Call, compression_refusal
+from pycoll.call import COMPRESSIBLE_DTYPES, Call, compression_refusal, gpu_codec_refusal
 from pycoll.codes import DTYPE_CODES, OP_CODES
 from pycoll.compression import CODEC_DTYPES, Int8
 from pycoll.dispatch import EXECUTORS
@@ -49,6 +49,17 @@ def test_what_compresses_is_allreduce_reduce_scatter_all_gather_and_all_to_all(c
     assert compression_refusal("reduce_scatter", "float32", "avg") is None
     assert compression_refusal("all_gather", "bfloat16", "sum") is None
     assert compression_refusal("all_to_all", "float16", "sum") is None
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16", "int8", "int4", "user", "numba"])
+def test_gpus_refuse_user_codecs_only(kind: str) -> None:
+    # "user" has a wire code (KIND_CODES) like the built-in kinds, but no GPU kernel: the GPU check of
+    # 2026-12-05 found it slipping through a test of membership in KIND_CODES.
+    refusal = gpu_codec_refusal(kind)
+    if kind in ("fp16", "bf16", "int8", "int4"):
+        assert refusal is None
+    else:
+        assert refusal is not None and "user codec, which runs on CPUs only" in refusal
 
 
 def test_the_codecs_dtypes_are_the_rules() -> None:
