@@ -414,6 +414,12 @@ class Communicator:
         return membership.grow(self, self.timeout if timeout is None else timeout, min_joiners, max_joiners)
 
     @property
+    def plane(self) -> Plane | None:
+        """The communicator's fault plane (pycoll/fault/plane.py): its control links to every rank, with
+        their failure detector; None when it was formed without one (``fault_tolerance=False``)."""
+        return self._plane
+
+    @property
     def join_address(self) -> str:
         """Where a new process asks to join (``pycoll.init(join=comm.join_address)``): this rank's control
         socket, "host:port"."""

@@ -82,6 +82,8 @@ class Plane:
         #: Facts any member may add and every member learns (e.g. "this joiner went away").
         self.notes: set[str] = set()
         self._listeners: list[Listener] = []
+        self._handlers: dict[str, Callable[[int, dict[str, Any]], None]] = {}
+        self._unclaimed: list[tuple[int, dict[str, Any]]] = []  # messages of kinds no handler took yet
         self.agreements = Agreements(self)
         self.kv = KvServer(self)
         self._closed = False
@@ -101,6 +103,18 @@ class Plane:
                 pending.append(("revoked", -1, self.revoked))
         for kind, r, why in pending:
             fn(kind, r, why)
+
+    def on(self, kind: str, handler: Callable[[int, dict[str, Any]], None]) -> None:
+        """Hands every message ``{"t": kind, ...}`` to ``handler(peer, msg)``: a kind of a user of the plane
+        (the torch backend's receive from any source and monitored barrier), not one of the plane's own. The
+        handler runs on the plane's thread with ``lock`` held (``cv`` to wake waiters): it must not block.
+        Messages of ``kind`` that came before (a peer that was quicker to set up) are handed to it now."""
+        with self.lock:
+            self._handlers[kind] = handler
+            early = [(peer, msg) for peer, msg in self._unclaimed if msg.get("t") == kind]
+            self._unclaimed = [(peer, msg) for peer, msg in self._unclaimed if msg.get("t") != kind]
+            for peer, msg in early:
+                handler(peer, msg)
 
     def live(self) -> list[int]:
         """Members neither dead nor left, this rank included, in rank order."""
@@ -305,6 +319,10 @@ class Plane:
                 self.agreements.on_message(peer, msg)
             elif kind in ("kv", "kvr"):
                 self.kv.on_message(peer, msg)
+            elif kind in self._handlers:
+                self._handlers[kind](peer, msg)
+            else:  # for a handler not set yet (pycoll sets its handlers when it sets up a communicator)
+                self._unclaimed.append((peer, msg))
 
     def _heartbeat(self, now: float) -> None:
         for r in list(self._links):

@@ -34,6 +34,7 @@ synchronous call) on every rank; every wait has the group's deadline.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from datetime import timedelta
@@ -59,9 +60,11 @@ import pycoll
 from pycoll.bootstrap import TorchStoreAdapter
 from pycoll.errors import InvalidUsageError
 from pycoll.skew import Notice, SkewReport, StragglerEvent
+from pycoll.torch.monitored import MonitoredBarriers
 from pycoll.torch.options import Options, Residuals
 from pycoll.torch.p2p import Channels, when_all
 from pycoll.torch.pg_work import TorchWork
+from pycoll.torch.sparse import check_sparse, sparse_allreduce
 from pycoll.torch.tensors import (
     BITWISE,
     NATIVE_DTYPES,
@@ -123,9 +126,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         )
         self._rank, self._size = rank, size
         self._group_name = self._group_desc = ""
-        self._user = Channels(TorchStoreAdapter(dist.PrefixStore("user/", store)), rank, self.timeout_s)
+        self._user = Channels(
+            TorchStoreAdapter(dist.PrefixStore("user/", store)), rank, self.timeout_s, self.comm.plane
+        )
         self._coll = Channels(TorchStoreAdapter(dist.PrefixStore("coll/", store)), rank, self.timeout_s)
         self._residuals = Residuals(self.options.max_residuals)
+        plane = self.comm.plane
+        self._monitored = MonitoredBarriers(plane, rank, size) if plane is not None else None
 
     # ---- skew (pycoll/skew/) -----------------------------------------------------------------------
     def skew(self, window: int | None = None) -> SkewReport:
@@ -242,6 +249,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             opts.reduceOp = op_opts if isinstance(op_opts, ReduceOp) else ReduceOp(op_opts)
         tensor = _one(tensors, "all_reduce")
         op, factor = reduce_op(opts.reduceOp)
+        if tensor.layout == torch.sparse_coo:
+            check_sparse("premul_sum" if factor is not None else op)
+            gather = functools.partial(self._gathered, timeout=_seconds(opts))
+            run_sparse = functools.partial(sparse_allreduce, tensor, gather, self._rank)
+            return self._start("all_reduce", run_sparse, tensors, opts)
         if not opts.asyncOp and factor is None and self._plain(tensor, op):
             # The common synchronous case (what dist.all_reduce asks by default): a native, contiguous,
             # uncompressed tensor goes straight to pycoll, without the run closure of the general path.
@@ -332,9 +344,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self._start("barrier", lambda: pycoll.barrier(comm=comm, timeout=timeout), [], opts)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        """A barrier with its own deadline; a rank that does not arrive is named by the timeout error."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
-        pycoll.barrier(comm=self.comm, timeout=seconds)
+        """A barrier whose error names the ranks that did not arrive (monitored.py), with the group's
+        deadline when ``timeout`` is None. Without a fault plane (PYCOLL_FAULT_TOLERANCE off): a barrier
+        with that deadline, whose timeout error names the rank it waited for."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else self.timeout_s
+        if self._monitored is None:
+            pycoll.barrier(comm=self.comm, timeout=max(seconds, 1e-3))
+            return
+        self._monitored.wait(max(seconds, 0.0), wait_all_ranks)
 
     # ---- gathers ------------------------------------------------------------------------------------
     def allgather(self, output_tensors: list[Tensors], input_tensors: Tensors, opts: Any = None) -> TorchWork:
@@ -532,9 +549,16 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return result
 
     def recv_anysource(self, tensors: Tensors, tag: int = 0) -> TorchWork:
-        raise InvalidUsageError(
-            "the pycoll backend does not receive from any source (recv without src=); name the sender"
-        )
+        """Receives from whichever rank's message rang first (p2p.py: doorbells, matching in posting order);
+        ``Work.source_rank()`` is that rank once the receive is done."""
+        tensor = _one(tensors, "recv")
+        work, back = contiguous_for_write(tensor)
+        future, source = self._user.recv_any(as_bytes(work), None)
+        if back is not None:
+            future = when_all([future], back)
+        result = TorchWork(future, tensors, "recv from any source")
+        result.source = source
+        return result
 
     # ---- built on the collective channels -------------------------------------------------------------
     def _exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], timeout: Any) -> None:
@@ -575,7 +599,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return self._start("all_to_all_single", run, [output], opts)
 
     def _native_all_to_all(
-        self, output: torch.Tensor, input: torch.Tensor, splits: tuple[list[int], list[int]] | None,
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        splits: tuple[list[int], list[int]] | None,
         timeout: float | None,
     ) -> Callable[[], None]:
         """pycoll.all_to_all of ``input`` into ``output`` (``splits``: rows to and from each rank, None for
@@ -605,7 +632,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         return run
 
     def _exchanged_all_to_all(
-        self, output: torch.Tensor, input: torch.Tensor, in_sizes: list[int], out_sizes: list[int],
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        in_sizes: list[int],
+        out_sizes: list[int],
         timeout: float | None,
     ) -> Callable[[], None]:
         """Every part at once on the point-to-point channels (lossless): uneven parts of CUDA tensors."""
@@ -760,3 +791,27 @@ def register() -> None:
     if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+    _let_monitored_barrier_reach_pycoll()
+
+
+def _let_monitored_barrier_reach_pycoll() -> None:
+    """``dist.monitored_barrier`` refuses every backend but gloo by name before it asks the group; this
+    wraps it so that a pycoll group is asked (``ProcessGroupPycoll.monitored_barrier``) and every other
+    group goes to torch's own function, unchanged."""
+    c10d = dist.distributed_c10d
+    torchs = c10d.monitored_barrier
+    if getattr(torchs, "__wrapped_by_pycoll__", False):
+        return
+
+    @functools.wraps(torchs)
+    def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        pg = c10d._get_default_group() if group is None or group is c10d.GroupMember.WORLD else group
+        if c10d._rank_not_in_group(pg) or not isinstance(pg, ProcessGroupPycoll):
+            return torchs(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)):  # (torch converts seconds too, with a warning)
+            timeout = timedelta(seconds=timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier.__wrapped_by_pycoll__ = True  # type: ignore[attr-defined]
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier

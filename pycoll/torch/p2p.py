@@ -7,11 +7,26 @@ ranks post their sends and receives in (``batch_isend_irecv``, a ring exchange, 
 deadlock, and the two directions between a pair run at once. Messages between two ranks arrive in the
 order they were sent; tags are not matched (every tag shares the channel), and a message's size and
 dtype must equal what the receiver posted (a mismatch raises CollectiveMismatchError on both ranks).
+
+Receiving from any source (``recv`` without ``src``), by these names:
+
+- **doorbell**: every send on the user channels also sends ``{"t": "p2p"}`` to its receiver over the group
+  communicator's fault plane (its control links), before the data. The receiver counts them per sender
+  (``Doorbells``): a sender has a message waiting while it rang more often than it was received from.
+- **match**: receives are matched in the order they were posted. A receive from any source waits (on the
+  plane's condition, with the group's deadline: no polling) for a sender with a message waiting, the one
+  that rang first, and receives from that sender's channel; a receive from a named sender posted while
+  one from any source waits is queued behind it (the **matcher** thread), so it cannot take the message
+  the earlier receive was matched with. Per sender, messages are received in the order they were sent.
+- **source**: the sender a receive was matched with, given to ``Work.source_rank``.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -20,6 +35,8 @@ import torch
 import pycoll
 from pycoll.bootstrap.store import PrefixStore
 from pycoll.comm import Communicator
+from pycoll.errors import CollectiveTimeoutError, CommunicatorBrokenError, InvalidUsageError, PeerLostError
+from pycoll.fault.plane import Plane
 
 
 class Channel:
@@ -36,7 +53,11 @@ class Channel:
         if self._comm is None:
             self._comm = pycoll.init(
                 fault_tolerance=False,
-                store=self._store, rank=self._my_rank, world_size=2, timeout=self._timeout, set_default=False
+                store=self._store,
+                rank=self._my_rank,
+                world_size=2,
+                timeout=self._timeout,
+                set_default=False,
             )
         return self._comm
 
@@ -55,15 +76,91 @@ class Channel:
             self._comm = None
 
 
-class Channels:
-    """The channels of one rank of a process group, formed on first use."""
+class Doorbells:
+    """The doorbells of one rank's user channels (module docstring): per sender, the arrival numbers of the
+    messages it announced that no receive took yet, and the receives that took a message before its
+    doorbell came. Guarded by the plane's lock; waiters wait on its condition."""
 
-    def __init__(self, store: Any, rank: int, timeout: float) -> None:
+    def __init__(self, plane: Plane, rank: int) -> None:
+        self.plane, self.rank = plane, rank
+        self._waiting: dict[int, deque[int]] = {}
+        self._ahead: dict[int, int] = {}
+        self._arrivals = itertools.count()
+        self._closed = False
+        plane.on("p2p", self._rang)
+
+    def close(self) -> None:
+        """Ends a receive from any source still waiting (the group is being destroyed)."""
+        with self.plane.cv:
+            self._closed = True
+            self.plane.cv.notify_all()
+
+    def _rang(self, peer: int, msg: dict[str, Any]) -> None:  # the plane's thread, its lock held
+        if self._ahead.get(peer, 0):
+            self._ahead[peer] -= 1
+        else:
+            self._waiting.setdefault(peer, deque()).append(next(self._arrivals))
+            self.plane.cv.notify_all()
+
+    def ring(self, dst: int) -> None:
+        self.plane.send(dst, {"t": "p2p"})
+
+    def took(self, src: int) -> None:
+        """A receive from ``src`` was matched with its next message."""
+        with self.plane.lock:
+            waiting = self._waiting.get(src)
+            if waiting:
+                waiting.popleft()
+            else:
+                self._ahead[src] = self._ahead.get(src, 0) + 1
+
+    def take_first(self, timeout: float) -> int:
+        """The sender whose waiting message rang first (taken), once there is one; raises
+        CollectiveTimeoutError past ``timeout`` seconds, PeerLostError once a member of the group is lost."""
+        plane, deadline = self.plane, time.monotonic() + timeout
+        with plane.cv:
+            while True:
+                ready = [(w[0], src) for src, w in self._waiting.items() if w]
+                if ready:
+                    src = min(ready)[1]
+                    self._waiting[src].popleft()
+                    return src
+                if self._closed:
+                    raise CommunicatorBrokenError(
+                        f"rank {self.rank}'s receive from any source: the group was destroyed while it waited"
+                    )
+                if plane.dead:
+                    lost, why = next(iter(sorted(plane.dead.items())))
+                    raise PeerLostError(
+                        f"rank {lost} of the group is lost ({why}); rank {self.rank}'s receive from any "
+                        "source gives up", rank=lost,
+                    )  # fmt: skip
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CollectiveTimeoutError(
+                        f"rank {self.rank}'s receive from any source: no rank sent it a message within "
+                        f"{timeout:g} s"
+                    )
+                plane.cv.wait(left)
+
+
+class Channels:
+    """The channels of one rank of a process group, formed on first use. ``plane``: the group's fault
+    plane, for the user channels (sends ring a doorbell; receives from any source); None for the
+    collective channels."""
+
+    def __init__(self, store: Any, rank: int, timeout: float, plane: Plane | None = None) -> None:
         self._store = store
         self._rank = rank
         self._timeout = timeout
         self._lock = threading.Lock()
         self._by_pair: dict[tuple[int, int], Channel] = {}
+        self._bells = Doorbells(plane, rank) if plane is not None else None
+        # matching in posting order: receives posted but not yet handed to their channel, and the thread
+        # that hands them over while one from any source waits for its sender
+        self._match_lock = threading.Lock()
+        self._queued = 0
+        self._matcher: ThreadPoolExecutor | None = None
 
     def _channel(self, src: int, dst: int) -> Channel:
         with self._lock:
@@ -74,16 +171,96 @@ class Channels:
             return channel
 
     def send(self, tensor: torch.Tensor, dst: int, timeout: float | None) -> Future:
+        if self._bells is not None:
+            self._bells.ring(dst)
         return self._channel(self._rank, dst).transfer(tensor, timeout)
 
     def recv(self, tensor: torch.Tensor, src: int, timeout: float | None) -> Future:
+        with self._match_lock:
+            if self._queued == 0:  # nothing posted earlier is still unmatched: straight to the channel
+                return self._hand_over(tensor, src, timeout)
+            self._queued += 1
+        done: Future = Future()
+        self._matching().submit(self._queued_recv, tensor, src, timeout, done)
+        return done
+
+    def recv_any(self, tensor: torch.Tensor, timeout: float | None) -> tuple[Future, Future]:
+        """Receives ``tensor`` from whichever rank sends first: (the receive's future, its source's)."""
+        if self._bells is None:
+            raise InvalidUsageError(
+                "receiving from any source needs the group communicator's fault plane "
+                "(PYCOLL_FAULT_TOLERANCE is off); name the sender"
+            )
+        with self._match_lock:
+            self._queued += 1
+        done: Future = Future()
+        source: Future = Future()
+        self._matching().submit(self._queued_recv_any, tensor, timeout, done, source)
+        return done, source
+
+    def _matching(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._matcher is None:
+                self._matcher = ThreadPoolExecutor(1, thread_name_prefix=f"pycoll-p2p-match-{self._rank}")
+            return self._matcher
+
+    def _hand_over(self, tensor: torch.Tensor, src: int, timeout: float | None) -> Future:
+        """Matches a receive with ``src``'s next message (``_match_lock`` held)."""
+        if self._bells is not None:
+            self._bells.took(src)
         return self._channel(src, self._rank).transfer(tensor, timeout)
+
+    def _queued_recv(self, tensor: torch.Tensor, src: int, timeout: float | None, done: Future) -> None:
+        try:
+            with self._match_lock:
+                self._queued -= 1
+                _chain(self._hand_over(tensor, src, timeout), done)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the receive
+            done.set_exception(e)
+
+    def _queued_recv_any(
+        self, tensor: torch.Tensor, timeout: float | None, done: Future, source: Future
+    ) -> None:
+        assert self._bells is not None
+        try:
+            try:
+                src = self._bells.take_first(self._timeout if timeout is None else timeout)
+            except BaseException:
+                with self._match_lock:
+                    self._queued -= 1
+                raise
+            source.set_result(src)
+            with self._match_lock:
+                self._queued -= 1
+                _chain(self._channel(src, self._rank).transfer(tensor, timeout), done)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the receive
+            if not source.done():
+                source.set_exception(e)
+            done.set_exception(e)
 
     def close(self) -> None:
         with self._lock:
             channels, self._by_pair = list(self._by_pair.values()), {}
+            matcher, self._matcher = self._matcher, None
+        if self._bells is not None:
+            self._bells.close()
+        if matcher is not None:
+            matcher.shutdown(wait=True)
         for channel in channels:
             channel.close()
+
+
+def _chain(inner: Future, outer: Future) -> None:
+    """``outer`` ends as ``inner`` does."""
+
+    def copy(f: Future) -> None:
+        err = f.exception()
+        if err is not None:
+            outer.set_exception(err)
+        else:
+            outer.set_result(f.result())
+
+    inner.add_done_callback(copy)
 
 
 def when_all(futures: list[Future], then: Callable[[], None] | None = None) -> Future:

@@ -31,6 +31,8 @@ class TorchWork(dist.Work):
         self._torch_future: Any = None
         #: The rank a recv came from (``source_rank()``); -1 for the other ops.
         self.peer = -1
+        #: A receive from any source: its sender, once matched (``source_rank()``).
+        self.source: Future | None = None
 
     @classmethod
     def finished(cls, outputs: list[torch.Tensor], description: str) -> TorchWork:
@@ -65,7 +67,12 @@ class TorchWork(dist.Work):
         return self._outputs
 
     def source_rank(self) -> int:
+        if self.source is not None:
+            return self.source.result() if self.source.done() and not self.source.exception() else -1
         return self.peer
+
+    # What dist.recv asks of a receive's Work (torch's C++ Work answers it only for its own receives).
+    _source_rank = source_rank
 
     def get_future(self) -> torch.futures.Future:
         if self._torch_future is None:

@@ -437,6 +437,14 @@ def fresh_group_failure(_comm: Any, rank: int, world: int, kind: str, path: str)
             for _ in range(100):
                 dist.all_reduce(torch.ones(1 << 16))
                 time.sleep(0.01)
+        elif kind == "monitored_lost":  # rank 1 exits; a long deadline: the loss must end the wait
+            if rank == 1:
+                os._exit(3)
+            dist.monitored_barrier(timeout=timedelta(seconds=60))
+        elif kind == "any_source_lost":  # rank 1 exits; the others wait for a message from any rank
+            if rank == 1:
+                os._exit(3)
+            dist.recv(torch.empty(4))
         elif kind == "async_mismatch":
             odd = torch.ones(100, dtype=torch.float64 if rank == 0 else torch.float32)
             work = dist.all_reduce(odd, async_op=True)
@@ -496,3 +504,103 @@ def skew(_comm: Any, rank: int, world: int, delayed: int, delay_s: float, n: int
         "refused": refused,
         "entered_ms": entered,
     }
+
+
+def any_source(_comm: Any, rank: int, world: int, per_sender: int) -> dict[str, Any]:
+    """Receive from any source: rank 0 takes ``per_sender`` messages from every other rank without naming
+    the sender (recv and irecv alternately), then one from rank 1 by name posted while one from any
+    source waits. Every message holds (sender, its number); what rank 0 got is returned in its order."""
+    import torch
+    import torch.distributed as dist
+
+    got: dict[str, Any] = {"order": [], "sources": []}
+    if rank == 0:
+        for k in range((world - 1) * per_sender):
+            t = torch.full((2,), -1, dtype=torch.int64)
+            if k % 2:
+                w = dist.irecv(t)
+                w.wait()
+                src = w._source_rank()
+            else:
+                src = dist.recv(t)
+            got["order"].append(t.tolist())
+            got["sources"].append(src)
+        # posted in this order: any source, then rank 1 by name; rank 1's first message is the only one
+        # there at first, so the receive from any source must get it, and the named one its second
+        first, second = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+        w_any = dist.irecv(first)
+        w_named = dist.irecv(second, src=1)
+        dist.barrier()  # rank 1 sends only now, both receives being posted
+        w_any.wait()
+        w_named.wait()
+        got["posted_order"] = (w_any._source_rank(), first.tolist(), second.tolist())
+    else:
+        for k in range(per_sender):
+            dist.send(torch.tensor([rank, k]), dst=0)
+        dist.barrier()
+        if rank == 1:
+            dist.send(torch.tensor([1, 100]), dst=0)
+            dist.send(torch.tensor([1, 101]), dst=0)
+    dist.barrier()
+    return got
+
+
+def monitored(_comm: Any, rank: int, world: int, late: list[int], wait_all: bool) -> dict[str, Any]:
+    """A monitored barrier that passes, then one that the ranks ``late`` reach 1.5 s after the others gave
+    up (timeout 0.5 s): what each rank raised (type, message), and that the group still works after."""
+    import torch
+    import torch.distributed as dist
+
+    got: dict[str, Any] = {}
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    got["passed"] = True
+    if rank in late:
+        time.sleep(1.5)
+    start = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=0.5), wait_all_ranks=wait_all)
+        got["error"] = None
+    except Exception as e:  # noqa: BLE001 - what it raised is the result
+        got["error"] = (type(e).__name__, str(e))
+    got["seconds"] = time.monotonic() - start
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    got["after"] = t.tolist()
+    dist.monitored_barrier(timeout=timedelta(seconds=30))  # the calls still line up on every rank
+    return got
+
+
+def sparse_all_reduce(_comm: Any, rank: int, world: int) -> dict[str, Any]:
+    """Sparse COO all-reduces: rank r stores rows {r, r + 1, ..., r + r} (mod 2 * world) of a (2 * world,
+    3) tensor (row i holding i * 10 + k + r / 8, exact in float32), and nothing on rank 1 in a second call;
+    one with another size on the last rank. The results as (indices, values, coalesced, bytes)."""
+    import torch
+    import torch.distributed as dist
+
+    rows = 2 * world
+
+    def made(r: int, n: int) -> Any:
+        idx = torch.tensor([[(r + j) % rows for j in range(n)]])
+        vals = [[float(i * 10 + k) + r / 8 for k in range(3)] for i in idx[0].tolist()]
+        return torch.sparse_coo_tensor(idx, torch.tensor(vals).reshape(n, 3), (rows, 3))
+
+    got: dict[str, Any] = {}
+    for name, n in (("overlapping", rank + 1), ("one empty", 0 if rank == 1 else 2)):
+        t = made(rank, n)
+        dist.all_reduce(t)
+        values = t._values()
+        got[name] = (t._indices().tolist(), values.tolist(), t.is_coalesced(), values.numpy().tobytes())
+    other = torch.sparse_coo_tensor(torch.zeros((1, 0)), torch.zeros((0, 3)), (rows + 1, 3))
+    t = made(rank, 1) if rank < world - 1 else other
+    try:
+        dist.all_reduce(t)
+        got["mismatch"] = None
+    except Exception as e:  # noqa: BLE001
+        got["mismatch"] = (type(e).__name__, str(e))
+    try:
+        dist.all_reduce(made(rank, 1), op=dist.ReduceOp.MAX)
+        got["max"] = None
+    except Exception as e:  # noqa: BLE001
+        got["max"] = (type(e).__name__, str(e))
+    return got

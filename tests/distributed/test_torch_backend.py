@@ -295,21 +295,96 @@ def test_options_and_device_maps_that_cannot_work_are_refused(pools):
 
 
 # ---- failures ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["mismatch", "async_mismatch", "timeout", "peer_lost"])
+@pytest.mark.parametrize(
+    "kind", ["mismatch", "async_mismatch", "timeout", "peer_lost", "monitored_lost", "any_source_lost"]
+)
 def test_failures_raise_pycolls_errors_on_every_rank(tmp_path, kind):
-    world = 2 if kind != "peer_lost" else 3
+    lost = kind in ("peer_lost", "monitored_lost", "any_source_lost")
+    world = 3 if lost else 2
     results = run_ranks(
-        world, tb.fresh_group_failure, kind, str(tmp_path / "store"), timeout=90,
-        allow_exit=kind == "peer_lost"
+        world, tb.fresh_group_failure, kind, str(tmp_path / "store"), timeout=90, allow_exit=lost
     )
     expected = {
         "mismatch": "CollectiveMismatchError",
         "async_mismatch": "CollectiveMismatchError",
         "timeout": "CollectiveTimeoutError",
-        "peer_lost": "PeerLostError",
-    }[kind]
+    }.get(kind, "PeerLostError")
     for rank, got in enumerate(results):
-        if kind in ("timeout", "peer_lost") and rank == 1:
+        if (kind == "timeout" or lost) and rank == 1:
             continue  # the rank that stayed away / exited
         assert got["error"] == expected, f"rank {rank}: {got}"
         assert got["after_s"] < 15, f"rank {rank} took {got['after_s']:.1f} s to fail"
+
+
+# ---- receive from any source ---------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 4])
+def test_receive_from_any_source_names_the_sender_in_each_senders_order(pools, world):
+    per_sender = 3
+    got = pools(world).run(tb.any_source, per_sender, timeout=120)[0]
+    assert len(got["order"]) == (world - 1) * per_sender
+    assert [msg[0] for msg in got["order"]] == got["sources"]  # source_rank is the sender of the data
+    for src in range(1, world):  # every message once, and each sender's in the order it sent them
+        assert [k for s, k in got["order"] if s == src] == list(range(per_sender))
+    # receives are matched in posting order: the one from any source gets rank 1's first message, the one
+    # posted after it from rank 1 by name the second
+    assert got["posted_order"] == (1, [1, 100], [1, 101])
+
+
+# ---- monitored barrier ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("world, late, wait_all", [(2, [1], False), (4, [2], False), (4, [1, 3], True)])
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive(pools, world, late, wait_all):
+    results = pools(world).run(tb.monitored, late, wait_all, timeout=120)
+    missing = ", ".join(map(str, late))
+    arrived = ", ".join(str(r) for r in range(world) if r not in late)
+    for rank, got in enumerate(results):
+        assert got["passed"] and got["after"] == [float(world)] * 3
+        kind, text = got["error"]
+        assert kind == "CollectiveTimeoutError", got["error"]
+        if rank == 0:
+            plural = "Ranks" if len(late) > 1 else "Rank"
+            head = f"Rank 0 timed out in monitoredBarrier after 0.5 s. {plural} {missing} failed to pass "
+            assert text.startswith(head)
+            assert (f"(ranks {arrived} did" if "," in arrived else "(only rank 0 did") in text
+            assert ("wait_all_ranks=True" in text) == wait_all
+            assert 0.5 <= got["seconds"] < 1.5
+        elif rank in late:
+            assert text.startswith(f"Rank {rank} failed to pass monitoredBarrier: it reached it after rank 0")
+        else:
+            assert text.startswith(f"Rank {rank} successfully reached monitoredBarrier, but received errors ")
+            assert "from rank 0: rank 0 reports that" in text
+            who = f"{'ranks' if len(late) > 1 else 'rank'} {missing}"
+            assert text.endswith(f"{who} did not arrive within 0.5 s")
+
+
+# ---- sparse all-reduce ---------------------------------------------------------------------------------
+def _sparse_expected(world: int, counts: list[int]) -> dict[int, list[float]]:
+    rows = 2 * world
+    want: dict[int, list[float]] = {}
+    for r, n in enumerate(counts):
+        for j in range(n):
+            i = (r + j) % rows
+            acc = want.setdefault(i, [0.0, 0.0, 0.0])
+            for k in range(3):
+                acc[k] += i * 10 + k + r / 8
+    return want
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sparse_all_reduce_sums_every_ranks_rows_exactly(pools, world):
+    results = pools(world).run(tb.sparse_all_reduce, timeout=120)
+    for name, counts in (
+        ("overlapping", [r + 1 for r in range(world)]),
+        ("one empty", [0 if r == 1 else 2 for r in range(world)]),
+    ):
+        want = _sparse_expected(world, counts)
+        for got in results:
+            indices, values, coalesced, _ = got[name]
+            assert coalesced and indices == [sorted(want)]
+            assert values == [want[i] for i in sorted(want)]  # exact: sums of multiples of 1/8
+        _identical([got[name][3] for got in results])
+    for rank, got in enumerate(results):
+        kind, text = got["mismatch"]
+        assert kind == "CollectiveMismatchError" and "sparse all_reduce" in text
+        differ = [world - 1] if rank < world - 1 else list(range(world - 1))
+        assert f"ranks {differ} hold another layout" in text
+        assert got["max"][0] == "InvalidUsageError" and "SUM only" in got["max"][1]

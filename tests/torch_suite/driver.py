@@ -8,10 +8,17 @@ test/distributed/test_distributed_spawn.py does. Each test runs as one unittest 
 starts ``--world-size`` rank processes; the ranks run the test body, this process waits for them.
 
 Wiring for a backend that is not built into torch (see ``_suite_class``):
-  * the suite reads BACKEND, WORLD_SIZE (and INIT_METHOD, TEMP_DIR) from the environment at import time
-    and gates tests with ``DistTestCases.backend_feature`` sets at decoration time, so the environment is
-    set and the backend's name added to every feature set that holds "gloo" (and to "plugin", which
-    ``require_backend_is_available`` accepts) *before* distributed_test is imported;
+  * gates (``--gates``): the suite reads BACKEND (and WORLD_SIZE, INIT_METHOD, TEMP_DIR) from the
+    environment at import and decides its skips then, by backend name; many name gloo alone where the
+    body is generic CPU code. ``--gates gloo`` (the default) imports it with BACKEND=gloo, so every test
+    is skipped or run exactly as for gloo, then points the module's BACKEND at the backend under test,
+    which every body and every ``init_process_group`` uses. ``--gates own`` decides them for the
+    backend's own name (the backend added wherever the suite lists gloo), as torch would for a plugin;
+  * tests the suite keeps for MPI although pycoll has the op (the CPU all-to-alls, ``UNGATED_FOR_PYCOLL``)
+    are run for pycoll too;
+  * tests whose bodies branch on the backend's name where nothing backend-specific follows
+    (``BODY_AS_GLOO``: they build their model only for "gloo" or "mpi") run with the module's BACKEND
+    reading "gloo" during the body: the process group is still the backend under test;
   * the rank processes find the test class by unpickling ``<this module>.TestDistBackendWithSpawn``;
     the module ``__getattr__`` below builds it on first use there too, and that build imports
     ``pycoll.torch`` (which registers the "pycoll" backend) before any ``init_process_group``;
@@ -22,9 +29,6 @@ Wiring for a backend that is not built into torch (see ``_suite_class``):
     ``--start-method spawn`` runs the suite as torch does;
   * one deadline for every test (``--timeout``, replacing the suite's 300-500 s), after which the parent
     kills the ranks; each rank also exits by itself (faulthandler, dumping its stacks) shortly after.
-  * tests the suite skips for every backend but gloo *by name*, although their bodies are generic (see
-    ``UNGATED``), are un-skipped for the other backends. The rest gated so stay gloo-only: barrier_timeout*,
-    monitored_barrier_gloo*, sparse all-reduce, accumulate_gradients_no_sync* (gloo-specific bodies).
 
 gloo_baseline.json beside this file: every test's status and seconds with gloo (world size 2, 2 cores).
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -43,50 +48,6 @@ import time
 import unittest
 from typing import Any, Sequence, TextIO
 
-# The curated list: collective, point-to-point, group and DDP tests that pass with gloo on CPU at world size 2
-# (91 of the suite's 285 do; the rest need CUDA, world size >= 3, or another backend). 28-42 s in all with
-# gloo on a 2-core machine: 0.2-1.3 s a test, test_ddp_logging_data_cpu ~2 s, ~3 s for the first test (it
-# starts the forkserver). Left out: tests that stay gloo-only by name (barrier_timeout*,
-# monitored_barrier_gloo*, sparse all-reduce) and most profiler variants of send/recv.
-CI_TESTS: tuple[str, ...] = (
-    # all_reduce / reduce, default group and new_group(all ranks)
-    "test_all_reduce_sum", "test_all_reduce_sum_async", "test_all_reduce_sum_complex", "test_all_reduce_max",
-    "test_all_reduce_min", "test_all_reduce_product", "test_all_reduce_complex_unsupported_ops",
-    "test_all_reduce_full_group_sum", "test_all_reduce_full_group_max", "test_all_reduce_full_group_min",
-    "test_all_reduce_full_group_product", "test_all_reduce_coalesced_sum", "test_all_reduce_coalesced_max",
-    "test_all_reduce_coalesced_min", "test_all_reduce_coalesced_product",
-    "test_all_reduce_coalesced_max_complex_unsupported", "test_all_reduce_coalesced_full_group_sum",
-    "test_all_reduce_coalesced_full_group_max", "test_reduce_sum", "test_reduce_max", "test_reduce_min",
-    "test_reduce_product", "test_reduce_sum_twice", "test_reduce_full_group_sum",
-    "test_reduce_full_group_max",
-    # broadcast, all_gather, gather, scatter (tensors and objects)
-    "test_broadcast", "test_broadcast_full_group", "test_all_gather", "test_all_gather_complex",
-    "test_all_gather_full_group", "test_all_gather_coalesced_simple", "test_all_gather_coalesced_complex",
-    "test_all_gather_coalesced_full_group", "test_all_gather_coalesced_with_empty",
-    "test_all_gather_object_default_pg", "test_all_gather_object_subgroup", "test_gather",
-    "test_gather_checks", "test_gather_full_group", "test_scatter", "test_scatter_checks",
-    "test_scatter_complex", "test_scatter_full_group", "test_scatter_object_list",
-    # all-to-all (the suite lets only MPI run these on CPU: UNGATED_FOR_PYCOLL; gloo skips them)
-    "test_all_to_all", "test_all_to_all_complex", "test_all_to_all_full_group",
-    "test_all_to_all_single_equal_split", "test_all_to_all_single_equal_split_complex",
-    "test_all_to_all_single_unequal_split", "test_all_to_all_single_unequal_split_full_group",
-    # point to point
-    "test_send_recv", "test_send_recv_with_tag", "test_send_recv_any_source",
-    "test_send_recv_autograd_profiler",
-    "test_isend", "test_irecv", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags",
-    # barrier, groups
-    "test_barrier", "test_barrier_full_group", "test_barrier_timeout_global",
-    "test_barrier_timeout_full_group", "test_get_rank", "test_get_rank_size_full_group",
-    "test_destroy_group", "test_destroy_full_group",
-    # DDP on CPU
-    "test_DistributedDataParallelCPU", "test_DistributedDataParallelCPU_grad_is_view",
-    "test_DistributedDataParallel_requires_grad", "test_ddp_create_graph", "test_ddp_logging_data_cpu",
-    "test_accumulate_gradients_no_sync", "test_accumulate_gradients_no_sync_grad_is_view",
-    "test_accumulate_gradients_no_sync_allreduce_hook",
-    "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
-    "test_grads_same_across_ranks_with_no_sync", "test_get_future", "test_static_graph_api_cpu",
-)  # fmt: skip
-
 # The broader set for a one-off full run: the collective, point-to-point, group and DDP tests.
 FOCUS_PATTERNS: tuple[str, ...] = (
     "test_all_reduce*", "test_broadcast*", "test_all_gather*", "test_reduce_scatter*", "test_gather*",
@@ -95,29 +56,26 @@ FOCUS_PATTERNS: tuple[str, ...] = (
     "test_DistributedDataParallel*", "test_ddp_*",
 )  # fmt: skip
 
-# Tests the suite skips for any backend but gloo by name (the skip's reason names gloo), although their bodies
-# are generic CPU code: these are run for the other backends too. (Not so test_accumulate_gradients_no_sync*:
-# their bodies build the model only if BACKEND is "gloo" or "mpi".)
-UNGATED: tuple[str, ...] = (
-    "test_batch_isend_irecv_gloo*", "test_all_reduce_coalesced_*", "test_scatter_object_list",
-    "test_get_future", "test_grads_same_across_ranks_with_no_sync",
-)  # fmt: skip
+# Tests whose bodies build their model only when BACKEND is "gloo" or "mpi", although nothing after that
+# is backend-specific (a CPU module under DDP): run with BACKEND reading "gloo" during the body.
+BODY_AS_GLOO: tuple[str, ...] = ("test_accumulate_gradients_no_sync*",)
 
 # Skips of the suite that name another backend as the only one with the op, for ops pycoll has: the CPU
 # all-to-all tests ("Only MPI supports CPU all_to_all_single"). Run for pycoll.
 UNGATED_FOR_PYCOLL: tuple[str, ...] = (
     "only mpi supports cpu all_to_all",
     "only mpi supports all_to_all",
-    "only gloo backend supports timeouts",
+    "only gloo backend supports timeouts",  # (with --gates own)
 )
 
 _CLASS = "TestDistBackendWithSpawn"
 _BUILT: dict[str, type] = {}
 
 
-def _configure(backend: str, world_size: int, timeout: float, start_method: str) -> None:
+def _configure(backend: str, world_size: int, timeout: float, start_method: str, gates: str) -> None:
     """The environment the suite reads at import; the rank processes inherit it."""
-    os.environ["BACKEND"] = backend
+    os.environ["BACKEND"] = "gloo" if gates == "gloo" else backend  # what the suite's gates see
+    os.environ["TORCH_SUITE_BACKEND"] = backend
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["TORCH_SUITE_TIMEOUT"] = str(timeout)
     os.environ["TORCH_SUITE_START"] = start_method
@@ -126,10 +84,12 @@ def _configure(backend: str, world_size: int, timeout: float, start_method: str)
 
 
 def _suite_class() -> type:
-    """TestDistBackend + DistributedTest._DistTestBase for the backend in $BACKEND (built once)."""
+    """TestDistBackend + DistributedTest._DistTestBase for $TORCH_SUITE_BACKEND, gated as $BACKEND says
+    (built once)."""
     if _CLASS in _BUILT:
         return _BUILT[_CLASS]
-    backend = os.environ["BACKEND"]
+    backend = os.environ["TORCH_SUITE_BACKEND"]
+    gated_as = os.environ["BACKEND"]
     timeout = float(os.environ.get("TORCH_SUITE_TIMEOUT", "120"))
     start_method = os.environ.get("TORCH_SUITE_START", "forkserver")
     if backend == "pycoll":
@@ -141,20 +101,20 @@ def _suite_class() -> type:
             supported.add(backend)
     if backend not in ("gloo", "nccl", "ucc", "mpi"):
         cd.DistTestCases.backend_feature["plugin"].add(backend)
-    if backend == "pycoll":  # no receive from any source (docs/torch-backend.md): the suite's own skip
-        cd.DistTestCases.skip_collective["sendrecv anysource"].add(backend)
     cd.TIMEOUT_DEFAULT = int(timeout)
     cd.TIMEOUT_OVERRIDE.clear()
 
     import torch.multiprocessing as mp
     from torch.testing._internal.distributed import distributed_test as dt
 
+    dt.BACKEND = backend  # the bodies' and init_process_group's backend, whatever the gates saw
+    bodies_as_gloo: dict[str, Any] = {}
     for name, test in vars(dt.DistributedTest._DistTestBase).items():
         why = getattr(test, "__unittest_skip_why__", "")
-        if backend != "gloo" and _matches(name, list(UNGATED)) and "gloo" in why.lower():
+        if backend == "pycoll" and why.lower().startswith(UNGATED_FOR_PYCOLL) and "cuda" not in name:
             del test.__unittest_skip__, test.__unittest_skip_why__
-        elif backend == "pycoll" and why.lower().startswith(UNGATED_FOR_PYCOLL) and "cuda" not in name:
-            del test.__unittest_skip__, test.__unittest_skip_why__
+        if backend != gated_as and callable(test) and _matches(name, list(BODY_AS_GLOO)):
+            bodies_as_gloo[name] = _body_as_gloo(dt, test)
 
     class TestDistBackendWithSpawn(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
         def setUp(self) -> None:
@@ -183,10 +143,26 @@ def _suite_class() -> type:
             faulthandler.dump_traceback_later(timeout + 10, exit=True)  # this rank's own deadline
             super()._run(rank, test_name, file_name, pipe, **kwargs)
 
+    for name, body in bodies_as_gloo.items():
+        setattr(TestDistBackendWithSpawn, name, body)
     TestDistBackendWithSpawn.__qualname__ = _CLASS
     TestDistBackendWithSpawn.__module__ = __name__
     _BUILT[_CLASS] = globals()[_CLASS] = TestDistBackendWithSpawn
     return TestDistBackendWithSpawn
+
+
+def _body_as_gloo(dt: Any, test: Any) -> Any:
+    """``test`` with the suite's BACKEND reading "gloo" while its body runs (``BODY_AS_GLOO``)."""
+
+    @functools.wraps(test)
+    def run(self: Any) -> Any:
+        real, dt.BACKEND = dt.BACKEND, "gloo"
+        try:
+            return test(self)
+        finally:
+            dt.BACKEND = real
+
+    return run
 
 
 def __getattr__(name: str) -> Any:
@@ -202,12 +178,7 @@ def _matches(name: str, patterns: list[str]) -> bool:
 
 
 def select(names: Sequence[str], which: str, patterns: list[str]) -> list[str]:
-    if which == "ci":
-        missing = [n for n in CI_TESTS if n not in names]
-        if missing:
-            raise SystemExit(f"CI_TESTS names unknown to this torch: {missing}")
-        names = list(CI_TESTS)
-    elif which == "focus":
+    if which == "focus":
         names = [n for n in names if _matches(n, list(FOCUS_PATTERNS))]
     return [n for n in names if not patterns or _matches(n, patterns)]
 
@@ -279,9 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--set",
         dest="which",
-        choices=("ci", "focus", "all"),
-        default=None,
-        help="ci: CI_TESTS (the default); focus: collectives + DDP; all (the default with -k)",
+        choices=("focus", "all"),
+        default="all",
+        help="all: the whole suite (the default); focus: the collectives, point to point and DDP",
+    )
+    ap.add_argument(
+        "--gates",
+        choices=("gloo", "own"),
+        default="gloo",
+        help="decide the suite's skips as for gloo (the default), or for the backend's own name",
     )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per test; then its ranks die")
     ap.add_argument("--start-method", choices=("forkserver", "spawn"), default="forkserver")
@@ -294,10 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    _configure(args.backend, args.world_size, args.timeout, args.start_method)
+    _configure(args.backend, args.world_size, args.timeout, args.start_method, args.gates)
     cls = _suite_class()
-    which = args.which or ("all" if args.patterns else "ci")
-    names = select(unittest.TestLoader().getTestCaseNames(cls), which, args.patterns)
+    names = select(unittest.TestLoader().getTestCaseNames(cls), args.which, args.patterns)
     if args.list:
         print("\n".join(names))
         return 0
@@ -317,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{counts['pass']} passed, {counts['skip']} skipped, {counts['fail']} failed in {total}s", file=out)
     if args.json:
         with open(args.json, "w") as f:
-            setup = {"backend": args.backend, "world_size": args.world_size, "start": args.start_method}
+            import torch
+
+            setup = {
+                "backend": args.backend, "world_size": args.world_size, "gates": args.gates,
+                "start": args.start_method, "torch": torch.__version__,
+            }  # fmt: skip
             json.dump({**setup, "seconds": total, "counts": counts, "tests": records}, f, indent=1)
     return 1 if counts["fail"] else 0
 
