@@ -40,6 +40,10 @@ from pycoll.fault.listener import ControlListener
 
 log = logging.getLogger("pycoll")
 
+#: Messages of kinds no handler was set for yet that a plane keeps (a quicker peer's, while this rank sets
+#: its handlers up); past this many, they are dropped.
+_UNCLAIMED_MAX = 4096
+
 Listener = Callable[[str, int, str], None]  # (kind: "dead" | "revoked" | "evicted", rank, why)
 
 
@@ -108,7 +112,8 @@ class Plane:
         """Hands every message ``{"t": kind, ...}`` to ``handler(peer, msg)``: a kind of a user of the plane
         (the torch backend's receive from any source and monitored barrier), not one of the plane's own. The
         handler runs on the plane's thread with ``lock`` held (``cv`` to wake waiters): it must not block.
-        Messages of ``kind`` that came before (a peer that was quicker to set up) are handed to it now."""
+        Messages of ``kind`` that came before (a peer that was quicker to set up) are handed to it now, in
+        the caller's thread, with ``lock`` held too."""
         with self.lock:
             self._handlers[kind] = handler
             early = [(peer, msg) for peer, msg in self._unclaimed if msg.get("t") == kind]
@@ -320,8 +325,12 @@ class Plane:
             elif kind in ("kv", "kvr"):
                 self.kv.on_message(peer, msg)
             elif kind in self._handlers:
-                self._handlers[kind](peer, msg)
-            else:  # for a handler not set yet (pycoll sets its handlers when it sets up a communicator)
+                try:
+                    self._handlers[kind](peer, msg)
+                except (KeyError, TypeError, ValueError) as exc:  # a malformed message: not this thread's end
+                    log.warning("pycoll: rank %d ignored a malformed %r message from rank %d (%s)", self.rank,
+                                kind, peer, exc)  # fmt: skip
+            elif len(self._unclaimed) < _UNCLAIMED_MAX:  # for a handler not set yet (set up after the plane)
                 self._unclaimed.append((peer, msg))
 
     def _heartbeat(self, now: float) -> None:

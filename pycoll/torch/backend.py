@@ -60,7 +60,7 @@ import pycoll
 from pycoll.bootstrap import TorchStoreAdapter
 from pycoll.errors import InvalidUsageError
 from pycoll.skew import Notice, SkewReport, StragglerEvent
-from pycoll.torch.monitored import MonitoredBarriers
+from pycoll.torch.monitored import MonitoredBarriers, reach_pycoll_groups
 from pycoll.torch.options import Options, Residuals
 from pycoll.torch.p2p import Channels, when_all
 from pycoll.torch.pg_work import TorchWork
@@ -132,7 +132,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._coll = Channels(TorchStoreAdapter(dist.PrefixStore("coll/", store)), rank, self.timeout_s)
         self._residuals = Residuals(self.options.max_residuals)
         plane = self.comm.plane
-        self._monitored = MonitoredBarriers(plane, rank, size) if plane is not None else None
+        self._monitored = MonitoredBarriers(plane, rank, size, self.timeout_s) if plane is not None else None
 
     # ---- skew (pycoll/skew/) -----------------------------------------------------------------------
     def skew(self, window: int | None = None) -> SkewReport:
@@ -347,7 +347,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         """A barrier whose error names the ranks that did not arrive (monitored.py), with the group's
         deadline when ``timeout`` is None. Without a fault plane (PYCOLL_FAULT_TOLERANCE off): a barrier
         with that deadline, whose timeout error names the rank it waited for."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else self.timeout_s
+        if isinstance(timeout, timedelta):
+            seconds = timeout.total_seconds()
+        else:  # seconds (torch's function converts them too), or None: the group's timeout
+            seconds = self.timeout_s if timeout is None else float(timeout)
         if self._monitored is None:
             pycoll.barrier(comm=self.comm, timeout=max(seconds, 1e-3))
             return
@@ -791,27 +794,4 @@ def register() -> None:
     if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
-    _let_monitored_barrier_reach_pycoll()
-
-
-def _let_monitored_barrier_reach_pycoll() -> None:
-    """``dist.monitored_barrier`` refuses every backend but gloo by name before it asks the group; this
-    wraps it so that a pycoll group is asked (``ProcessGroupPycoll.monitored_barrier``) and every other
-    group goes to torch's own function, unchanged."""
-    c10d = dist.distributed_c10d
-    torchs = c10d.monitored_barrier
-    if getattr(torchs, "__wrapped_by_pycoll__", False):
-        return
-
-    @functools.wraps(torchs)
-    def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        pg = c10d._get_default_group() if group is None or group is c10d.GroupMember.WORLD else group
-        if c10d._rank_not_in_group(pg) or not isinstance(pg, ProcessGroupPycoll):
-            return torchs(group, timeout, wait_all_ranks)
-        if isinstance(timeout, (int, float)):  # (torch converts seconds too, with a warning)
-            timeout = timedelta(seconds=timeout)
-        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
-
-    monitored_barrier.__wrapped_by_pycoll__ = True  # type: ignore[attr-defined]
-    c10d.monitored_barrier = monitored_barrier
-    dist.monitored_barrier = monitored_barrier
+    reach_pycoll_groups(ProcessGroupPycoll)

@@ -129,6 +129,10 @@ class Doorbells:
                     raise CommunicatorBrokenError(
                         f"rank {self.rank}'s receive from any source: the group was destroyed while it waited"
                     )
+                if not plane.dead and len(plane.left) == plane.world - 1:
+                    raise PeerLostError(
+                        f"rank {self.rank}'s receive from any source: every other rank of the group left it"
+                    )
                 if plane.dead:
                     lost, why = next(iter(sorted(plane.dead.items())))
                     raise PeerLostError(
@@ -155,6 +159,7 @@ class Channels:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._by_pair: dict[tuple[int, int], Channel] = {}
+        self._closed = False
         self._bells = Doorbells(plane, rank) if plane is not None else None
         # matching in posting order: receives posted but not yet handed to their channel, and the thread
         # that hands them over while one from any source waits for its sender
@@ -164,6 +169,10 @@ class Channels:
 
     def _channel(self, src: int, dst: int) -> Channel:
         with self._lock:
+            if self._closed:
+                raise CommunicatorBrokenError(
+                    f"the point-to-point channel {src} -> {dst} belongs to a process group that was destroyed"
+                )
             channel = self._by_pair.get((src, dst))
             if channel is None:
                 channel = Channel(self._store, src, dst, self._rank, self._timeout)
@@ -200,6 +209,8 @@ class Channels:
 
     def _matching(self) -> ThreadPoolExecutor:
         with self._lock:
+            if self._closed:
+                raise CommunicatorBrokenError("a receive was posted on a process group that was destroyed")
             if self._matcher is None:
                 self._matcher = ThreadPoolExecutor(1, thread_name_prefix=f"pycoll-p2p-match-{self._rank}")
             return self._matcher
@@ -239,13 +250,16 @@ class Channels:
             done.set_exception(e)
 
     def close(self) -> None:
+        """Ends every receive still queued or waiting (CommunicatorBrokenError), then closes the channels."""
         with self._lock:
-            channels, self._by_pair = list(self._by_pair.values()), {}
-            matcher, self._matcher = self._matcher, None
+            self._closed = True  # no channel is formed from now on
+            matcher = self._matcher
         if self._bells is not None:
             self._bells.close()
         if matcher is not None:
             matcher.shutdown(wait=True)
+        with self._lock:
+            channels, self._by_pair = list(self._by_pair.values()), {}
         for channel in channels:
             channel.close()
 

@@ -1,4 +1,4 @@
-"""All-reduce of sparse COO tensors in the pycoll backend, as gloo does it: exact, SUM only.
+"""All-reduce of sparse COO tensors in the pycoll backend, as gloo does it: SUM only, no codec.
 
 The parts, by the names used below:
 
@@ -8,7 +8,8 @@ The parts, by the names used below:
 - **padded gather**: every rank's indices (``sparse_dim x nnz`` int64) and values (``nnz x dense``) gathered
   in two all-gathers, each rank's part padded to the largest ``nnz``.
 - **sum**: the parts concatenated in rank order and coalesced (duplicate indices summed), on every rank
-  alike, so every rank holds the same bits; the caller's tensor becomes the result (coalesced).
+  alike, so every rank holds the same bits (the sum in rank order, as gloo's); the caller's tensor
+  becomes the result (coalesced).
 
 No codec compresses it: sparse gradients (embedding rows) are usually few, and their indices exact.
 """
@@ -34,6 +35,13 @@ def _digest(layout: str) -> int:
     return int.from_bytes(hashlib.sha256(layout.encode()).digest()[:7], "little")
 
 
+def _gathered(gather: Gather, part: torch.Tensor, world: int) -> torch.Tensor:
+    """Every rank's ``part`` (one shape on every rank), stacked: (world, *part.shape)."""
+    if part.numel() == 0:  # (a zero-size dense dimension: nothing to move, and no bytes to view)
+        return part.new_empty((world, *part.shape))
+    return gather(part.contiguous().reshape(-1)).view(part.dtype).reshape(world, *part.shape)
+
+
 def check_sparse(op: str) -> None:
     if op != "sum":
         raise InvalidUsageError(
@@ -46,7 +54,7 @@ def sparse_allreduce(tensor: torch.Tensor, gather: Gather, rank: int) -> None:
     mine = tensor.coalesce()
     layout = _layout(mine)
     header = torch.tensor([mine._nnz(), _digest(layout)], dtype=torch.int64, device=tensor.device)
-    headers = gather(header).view(torch.int64).reshape(-1, 2).cpu()
+    headers = _gathered(gather, header, -1).cpu()
     counts = [int(n) for n in headers[:, 0]]
     others = [r for r, d in enumerate(headers[:, 1].tolist()) if d != int(header[1])]
     if others:
@@ -62,8 +70,8 @@ def sparse_allreduce(tensor: torch.Tensor, gather: Gather, rank: int) -> None:
     values = torch.zeros((most, *mine.shape[mine.sparse_dim() :]), dtype=mine.dtype, device=tensor.device)
     indices[:, : counts[rank]] = mine._indices()
     values[: counts[rank]] = mine._values()
-    all_indices = gather(indices.t().contiguous()).view(torch.int64).reshape(len(counts), most, -1)
-    all_values = gather(values).view(mine.dtype).reshape(len(counts), *values.shape)
+    all_indices = _gathered(gather, indices.t().contiguous(), len(counts))
+    all_values = _gathered(gather, values, len(counts))
     summed = torch.sparse_coo_tensor(
         torch.cat([all_indices[r, :n] for r, n in enumerate(counts)]).t(),
         torch.cat([all_values[r, :n] for r, n in enumerate(counts)]),
