@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pycoll import _C
 from pycoll.arrays import Buffer
 from pycoll.bootstrap import PrefixStore
-from pycoll.call import Call, codec_parts, exact_part, gpu_codec_refusal
+from pycoll.call import Call, codec_parts, exact_part
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
 from pycoll.tuning.links import GPU_SEGMENT_BYTES
@@ -265,10 +265,6 @@ class GpuSide:
             self.check_device(call.out, "out")
         if call.residual is not None:
             self.check_device(call.residual, "residual")
-        codec = call.codec
-        refusal = None if codec is None else gpu_codec_refusal(codec.kind)
-        if refusal is not None:  # (pycoll.api refuses it first; a call made elsewhere meets it here)
-            raise InvalidUsageError(f"compression={codec!r} {refusal}")
         stream = call.inp.stream
         restore = self._use_device()
         try:

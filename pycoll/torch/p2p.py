@@ -216,38 +216,42 @@ class Channels:
             return self._matcher
 
     def _hand_over(self, tensor: torch.Tensor, src: int, timeout: float | None) -> Future:
-        """Matches a receive with ``src``'s next message (``_match_lock`` held)."""
+        """Matches a receive with ``src``'s next message. In posting order: only the caller with nothing
+        queued (``_match_lock`` held) or the matcher (while something is queued) hands receives over."""
         if self._bells is not None:
             self._bells.took(src)
         return self._channel(src, self._rank).transfer(tensor, timeout)
 
     def _queued_recv(self, tensor: torch.Tensor, src: int, timeout: float | None, done: Future) -> None:
-        try:
-            with self._match_lock:
-                self._queued -= 1
-                _chain(self._hand_over(tensor, src, timeout), done)
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the receive
-            done.set_exception(e)
+        self._queued_done(done, None, lambda: src, lambda s: self._hand_over(tensor, s, timeout))
 
     def _queued_recv_any(
         self, tensor: torch.Tensor, timeout: float | None, done: Future, source: Future
     ) -> None:
         assert self._bells is not None
+        bells, wait = self._bells, self._timeout if timeout is None else timeout
+        self._queued_done(
+            done, source, lambda: bells.take_first(wait),
+            lambda s: self._channel(s, self._rank).transfer(tensor, timeout),
+        )  # fmt: skip
+
+    def _queued_done(
+        self, done: Future, source: Future | None, sender: Callable[[], int], start: Callable[[int], Future]
+    ) -> None:
+        """A queued receive, on the matcher: its sender, its transfer handed to the channel, and only then
+        out of the queue (so that a receive posted directly after it cannot overtake it)."""
         try:
-            try:
-                src = self._bells.take_first(self._timeout if timeout is None else timeout)
-            except BaseException:
-                with self._match_lock:
-                    self._queued -= 1
-                raise
-            source.set_result(src)
-            with self._match_lock:
-                self._queued -= 1
-                _chain(self._channel(src, self._rank).transfer(tensor, timeout), done)
+            src = sender()
+            if source is not None:
+                source.set_result(src)
+            _chain(start(src), done)
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the receive
-            if not source.done():
+            if source is not None and not source.done():
                 source.set_exception(e)
             done.set_exception(e)
+        finally:
+            with self._match_lock:
+                self._queued -= 1
 
     def close(self) -> None:
         """Ends every receive still queued or waiting (CommunicatorBrokenError), then closes the channels."""
