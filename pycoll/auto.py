@@ -71,6 +71,13 @@ __all__ = [
 #: rank each): each host's sum is formed over shared memory and only the hosts' sums cross the network.
 HIERARCHICAL_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
+#: Above this many ranks ``algorithm="auto"`` leaves out the plans that touch every peer (``direct``) for
+#: the collectives that have others: each rank would send n - 1 messages per segment where a ring sends
+#: one, and hold a link to every other rank (a mapping, or a TCP connection with its rings), every one of
+#: them made at the first such call. A compressed all-reduce keeps direct (two-shot: each element quantized
+#: at most twice, where a ring quantizes its partial sums at every hop).
+DIRECT_MAX_RANKS = 16
+
 #: ``compression="auto"``'s error budget when the caller gives none: the relative L2 error the codec may
 #: add (pycoll.tuning.model.expected_error). 1e-3 admits fp16 only; int8 needs error_budget=1e-2.
 DEFAULT_ERROR_BUDGET = 1e-3
@@ -232,7 +239,9 @@ def algorithm(
     if algorithm == "auto":
         if collective in HIERARCHICAL_COLLECTIVES and comm.spans_equal_hosts:
             return "hierarchical"  # the cost model knows shared memory only; see auto_compressed_algorithm
-        return comm.model.choose_algorithm(collective, comm.world_size, nbytes, itemsize=itemsize)
+        exclude = ("direct",) if comm.world_size > DIRECT_MAX_RANKS else ()
+        world = comm.world_size
+        return comm.model.choose_algorithm(collective, world, nbytes, itemsize=itemsize, exclude=exclude)
     if algorithm not in valid:
         raise InvalidUsageError(
             f"algorithm for {collective} must be one of auto, {', '.join(valid)}; got {algorithm!r}"

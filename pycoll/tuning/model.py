@@ -177,7 +177,7 @@ def latency_hops(plans: Sequence[Plan]) -> int:
     """The longest chain of dependent messages through every rank's plan, each message one hop and local
     work free: the latency term's multiplier (``critical_path`` with alpha = 1 and free bytes; equal to
     the simulator's ``latency_hops``, computed without any data)."""
-    costs = PlanCosts(tuple(plans), tuple(op_costs(p, 4) for p in plans), 0.0)
+    costs = PlanCosts(tuple(plans), tuple(op_costs(p, 4) for p in plans), 0.0, len(plans))
     weights = np.zeros(_PARTS)
     weights[C_ALPHA] = 1.0
     return int(round(critical_path(costs, weights, math.inf)[0]))
@@ -203,16 +203,31 @@ def _per_algorithm(table: dict[str, float], algorithm: str, world: int) -> float
 
 
 class PlanCosts(NamedTuple):
-    """A collective's plans (one per rank) and what each op of each moves (``op_costs``)."""
+    """A collective's plans (one per rank) and what each op of each moves (``op_costs``). Of a rotation
+    symmetric plan (``plan_costs(symmetric=True)``), rank 0's alone: every rank's is the same up to a
+    rotation."""
 
     plans: tuple[Plan, ...]
     ops: tuple[np.ndarray, ...]
     #: Bytes of memory traffic of all ranks together.
     traffic: float
+    #: The ranks the plans are for (``len(plans)``, or more when only rank 0's plan is kept).
+    world: int
 
     @property
     def steps(self) -> int:
         return max((len(p.steps) for p in self.plans), default=0)
+
+
+#: (collective, algorithm) pairs whose plans are rotation symmetric: rank r's plan is rank 0's with every
+#: peer moved on by r (and the chunks with them), so that every rank's ops take the same times and one
+#: rank's critical path is the collective's (``critical_path``); tests/unit/test_tuning.py checks each.
+#: Not a broadcast (its root is the odd one), nor the tree and hierarchical plans.
+ROTATION_SYMMETRIC = frozenset(
+    (collective, algorithm)
+    for collective in ("allreduce", "reduce_scatter", "all_gather", "all_to_all", "barrier")
+    for algorithm in ("ring", "direct", "dissemination")
+)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -227,10 +242,14 @@ def plan_costs(
     block: int = 1,
     root: int = 0,
     local_size: int = 1,
+    symmetric: bool = False,
 ) -> PlanCosts:
     """Every rank's plan for one call and its ``op_costs``. They depend only on the plans, not on the
     model's parameters, so they are computed once (cached) and reused by every model and calibration.
-    ``local_size``: ranks per host, for the hierarchical all-reduce."""
+    ``local_size``: ranks per host, for the hierarchical all-reduce. ``symmetric``: of a rotation
+    symmetric plan (``ROTATION_SYMMETRIC``), rank 0's alone; what makes the first ``auto`` choice on n
+    ranks cost O(n) ops instead of O(n^2) (n plans of n ops, on every rank of the job alike)."""
+    ranks = range(1 if symmetric and (collective, algorithm) in ROTATION_SYMMETRIC else world)
     if bytes_per_element is None:
         segment_elems = max(1, segment_bytes // itemsize)
         plans = tuple(
@@ -238,7 +257,7 @@ def plan_costs(
                 collective, algorithm, r, world, count, root=root, segment_elems=segment_elems,
                 local_size=local_size,
             )
-            for r in range(world)
+            for r in ranks
         )
         ops = tuple(op_costs(p, itemsize) for p in plans)
     else:
@@ -255,12 +274,13 @@ def plan_costs(
             else build_compressed_all_to_all(r, world, [count] * world, [count] * world)
             if collective == "all_to_all"
             else build_compressed_plan(algorithm, r, world, count, block, segment_blocks, local_size)
-            for r in range(world)
+            for r in ranks
         )
         ops = tuple(op_costs(p, 4, bytes_per_element) for p in plans)
     for x in ops:
         x.setflags(write=False)
-    return PlanCosts(plans, ops, float(sum(x[:, TRAFFIC].sum() for x in ops)))
+    traffic = float(sum(x[:, TRAFFIC].sum() for x in ops)) * world / len(plans)
+    return PlanCosts(plans, ops, traffic, world)
 
 
 # Components of a stretch of predicted time, each multiplied by one weight (``Model.weights``): alpha
@@ -307,16 +327,24 @@ def critical_path(
     fragment of its message is in and end one fragment after the message's last, and a fused op's own
     message starts one fragment into it. ``pairs``: links that differ from pair to pair (each pair's
     hop and wire time, and the rank's port it uses); without them every pair has the one link of
-    ``weights``, and a rank one port."""
-    world = len(costs.plans)
+    ``weights``, and a rank one port.
+
+    Of a rotation symmetric plan (``costs`` holds rank 0's alone) rank 0's ops are walked alone: rank p's
+    k-th message to rank 0 leaves when rank 0's k-th message to rank -p does (every rank does the same at
+    the same times), and only rank 0's side of each link is timed."""
+    world = costs.world
+    symmetric = len(costs.plans) < world
+    if symmetric and pairs is not None:
+        raise ValueError("links that differ from pair to pair need every rank's plan (symmetric=False)")
+    ranks = len(costs.plans)
     zero = (0.0, np.zeros(_PARTS))
     hop_vec = np.zeros(_PARTS)
     hop_vec[C_ALPHA] = 1.0
     hop: _Time = (float(weights[C_ALPHA]), hop_vec)
     channels: dict[tuple[int, int], deque[tuple[_Time, _Time, _Time]]] = {}
     ports = 1 if pairs is None else int(pairs.port.max()) + 1
-    send_port: list[list[_Time]] = [[zero] * ports for _ in range(world)]
-    recv_port: list[list[_Time]] = [[zero] * ports for _ in range(world)]
+    send_port: list[list[_Time]] = [[zero] * ports for _ in range(ranks)]
+    recv_port: list[list[_Time]] = [[zero] * ports for _ in range(ranks)]
 
     def hop_of(src: int, dst: int) -> _Time:
         if pairs is None:
@@ -389,11 +417,11 @@ def critical_path(
         post(r, op.send_peer, _plus(at, scaled(c, phi)), end, w, phi)
         return end
 
-    step_of = [0] * world
-    position = [0] * world
-    started = [False] * world
-    cpu: list[_Time] = [zero] * world
-    active = list(range(world))
+    step_of = [0] * ranks
+    position = [0] * ranks
+    started = [False] * ranks
+    cpu: list[_Time] = [zero] * ranks
+    active = list(range(ranks))
     while active:
         progressed = False
         for r in active:
@@ -411,11 +439,12 @@ def critical_path(
                     if op.kind == OpKind.COPY:
                         cpu[r] = _plus(cpu[r], c)
                     else:
-                        queue = channels.get((op.recv_peer, r))
+                        sender = op.recv_peer
+                        queue = channels.get((0, -sender % world) if symmetric else (sender, r))
                         if not queue:
                             break
                         first, last, mw = queue.popleft()
-                        h, port = hop_of(op.recv_peer, r), port_of(op.recv_peer, r)
+                        h, port = hop_of(sender, r), port_of(sender, r)
                         first, last = _plus(first, h), _plus(last, h)
                         # The receiver's side of the link takes the message's wire time too.
                         last = _later(last, _plus(recv_port[r][port], mw))
@@ -617,7 +646,10 @@ class Model:
             """(seconds, steps) of the plans for ``n`` elements, timed at the call's size."""
             segment = self.segment_bytes
             local = self.local_size if algorithm == "hierarchical" else 1
-            costs = plan_costs(collective, algorithm, world, n, itemsize, segment, bpe, block, root, local)
+            costs = plan_costs(
+                collective, algorithm, world, n, itemsize, segment, bpe, block, root, local,
+                symmetric=self.pairs is None,
+            )  # fmt: skip
             return self.timing(costs, algorithm, world, name, nbytes).time_s, costs.steps
 
         if segments > 2 * EXTRAPOLATE_SEGMENTS:
@@ -705,21 +737,31 @@ class Model:
         return CODEC_ALGORITHMS + extra
 
     def choose_algorithm(
-        self, collective: str, world: int, nbytes: int, *, itemsize: int = 4, codec: object = None
+        self,
+        collective: str,
+        world: int,
+        nbytes: int,
+        *,
+        itemsize: int = 4,
+        codec: object = None,
+        exclude: tuple[str, ...] = (),
     ) -> str:
-        """The algorithm predicted fastest (ties go to the first of ALGORITHMS[collective]). Decisions are
-        remembered, so that ``auto`` costs a dictionary lookup per call after the first."""
-        key = ("algorithm", collective, world, nbytes, itemsize, codec)
+        """The algorithm predicted fastest (ties go to the first of ALGORITHMS[collective]), of the
+        candidates but ``exclude``. Decisions are remembered, so that ``auto`` costs a dictionary lookup
+        per call after the first."""
+        key = ("algorithm", collective, world, nbytes, itemsize, codec, exclude)
         choice = self._cache.get(key)
         if choice is None:
-            choice = self._cache[key] = self._choose_algorithm(collective, world, nbytes, itemsize, codec)
+            choice = self._choose_algorithm(collective, world, nbytes, itemsize, codec, exclude)
+            self._cache[key] = choice
         return choice
 
     def _choose_algorithm(
-        self, collective: str, world: int, nbytes: int, itemsize: int, codec: object
+        self, collective: str, world: int, nbytes: int, itemsize: int, codec: object, exclude: tuple[str, ...]
     ) -> str:
         compressed = codec_layout(codec)[0] != "none"
         names = self.codec_algorithms(world) if compressed else self.candidates(collective, world)
+        names = tuple(a for a in names if a not in exclude) or names
         if len(names) == 1 or world == 1:
             return names[0]
         return min(

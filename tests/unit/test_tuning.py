@@ -20,10 +20,13 @@ from pycoll.tuning.model import (
     DECODED,
     ENCODED,
     RECEIVED,
+    ROTATION_SYMMETRIC,
     SENT,
     bus_factor,
+    critical_path,
     latency_hops,
     one_quantization_error,
+    plan_costs,
     step_loads,
 )
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict, save_model
@@ -491,3 +494,75 @@ def test_one_quantization_error_follows_the_measured_tables() -> None:
         assert one_quantization_error("int8", "reduce_scatter", world) == pytest.approx(measured, rel=0.05)
     assert one_quantization_error("int8", "all_gather", 8) == pytest.approx(0.0073 / 1.5**0.5)
     assert one_quantization_error("int8", "reduce_scatter", 1) == 0.0
+
+
+SYMMETRIC_CASES = [
+    (collective, algorithm)
+    for collective, algorithms in ALGORITHMS.items()
+    for algorithm in algorithms
+    if (collective, algorithm) in ROTATION_SYMMETRIC
+]
+
+
+@pytest.mark.parametrize("collective,algorithm", SYMMETRIC_CASES)
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_rotation_symmetric_plans_are_rotations(collective: str, algorithm: str, world: int) -> None:
+    """What ``critical_path`` assumes of the ROTATION_SYMMETRIC plans: rank r's ops are rank 0's, in the same
+    steps and order, with every peer moved on by r (counts equal where the chunks are)."""
+    count = 3 * world * SEG
+    base = build_plan(collective, algorithm, 0, world, count, segment_elems=SEG)
+    for r in range(1, world):
+        plan = build_plan(collective, algorithm, r, world, count, segment_elems=SEG)
+        assert [len(step) for step in plan.steps] == [len(step) for step in base.steps]
+        for mine, theirs in zip(plan.ops(), base.ops()):
+            assert (mine.kind, mine.count, mine.finalize) == (theirs.kind, theirs.count, theirs.finalize)
+            for peer, peer0 in ((mine.send_peer, theirs.send_peer), (mine.recv_peer, theirs.recv_peer)):
+                assert peer == (-1 if peer0 < 0 else (peer0 + r) % world)
+
+
+COMPRESSED_SYMMETRIC = (("allreduce", "direct"), ("allreduce", "ring"))
+
+
+@pytest.mark.parametrize("link", ["shm", "eth10"])
+@pytest.mark.parametrize("world", [2, 4, 7, 12])
+def test_symmetric_critical_path_is_the_full_one(link: str, world: int) -> None:
+    """Rank 0's walk alone gives the time and composition of the walk of every rank's plan, for each
+    ROTATION_SYMMETRIC pair (and the compressed all-reduces that are), at counts the ranks split evenly."""
+    model = Model.for_link(link, workers=2, segment_bytes=SEG * 4)
+    codecs = [(None, 1), (get_codec("int8").bytes_per_element, get_codec("int8").block_elems)]
+    checked = 0
+    for collective, algorithm in SYMMETRIC_CASES:
+        for bpe, block in codecs:
+            if bpe is not None and (collective, algorithm) not in COMPRESSED_SYMMETRIC:
+                continue
+            for count in (world * block, world * block * 40, world * block * 4000):
+                full = plan_costs(collective, algorithm, world, count, 4, SEG * 4, bpe, block)
+                one = plan_costs(
+                    collective, algorithm, world, count, 4, SEG * 4, bpe, block, symmetric=True
+                )
+                assert len(one.plans) == 1 and one.world == world
+                assert one.traffic == pytest.approx(full.traffic)
+                weights = model.weights(algorithm, world, "none" if bpe is None else "int8", count * 4)
+                a, b = critical_path(full, weights, SEG), critical_path(one, weights, SEG)
+                assert b[0] == pytest.approx(a[0], rel=1e-12)
+                np.testing.assert_allclose(b[1], a[1], rtol=1e-12)
+                checked += 1
+    assert checked >= 3 * len(SYMMETRIC_CASES)
+
+
+def test_auto_leaves_out_direct_above_its_rank_limit() -> None:
+    """Where the model alone would pick direct, auto takes the best other plan above DIRECT_MAX_RANKS."""
+    from types import SimpleNamespace
+
+    from pycoll import auto
+
+    model = Model.for_link("shm", workers=2, segment_bytes=512 * 1024)
+    world = auto.DIRECT_MAX_RANKS + 1
+    nbytes = 8 * world
+    assert model.choose_algorithm("all_gather", world, nbytes) == "direct"
+    comm = SimpleNamespace(model=model, world_size=world, spans_equal_hosts=False)
+    assert auto.algorithm(comm, "all_gather", "auto", nbytes, 4) == "ring"  # type: ignore[arg-type]
+    world = auto.DIRECT_MAX_RANKS
+    small = SimpleNamespace(model=model, world_size=world, spans_equal_hosts=False)
+    chosen = auto.algorithm(small, "all_gather", "auto", 8 * world, 4)  # type: ignore[arg-type]
+    assert chosen == model.choose_algorithm("all_gather", world, 8 * world) == "direct"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import random
 import secrets
 import socket
 import threading
@@ -58,6 +59,12 @@ __all__ = ["TCPStoreClient"]
 # How much longer than the server-side deadline a client waits for the reply before it gives up on the
 # server itself (a wedged host, a black-holed network).
 _REPLY_GRACE = 10.0
+# Retries of a connection the server refused (it is not listening yet: rank 0 starts it as the others
+# start too): the first after a few milliseconds, then doubling, with jitter, up to a quarter second, so
+# that a rank is connected soon after the server is up (a cap of a second made a 16-rank pycoll.init take
+# half a second more than the server needed) without every rank of a large job knocking 100 times a second.
+_FIRST_RETRY_S = 0.005
+_MAX_RETRY_S = 0.25
 
 
 class TCPStoreClient:
@@ -182,7 +189,7 @@ class TCPStoreClient:
     def _connect(self, connect_timeout: float) -> None:
         start = time.monotonic()
         deadline = start + max(0.0, connect_timeout)
-        delay = 0.01
+        delay = _FIRST_RETRY_S
         attempts = 0
         last_error = "no attempt made"
         while True:
@@ -218,8 +225,8 @@ class TCPStoreClient:
                     "check that rank 0 (or the launcher) is running and that MASTER_ADDR/MASTER_PORT "
                     "point to it"
                 )
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 1.0)
+            time.sleep(min(delay * random.uniform(0.5, 1.0), deadline - now))
+            delay = min(delay * 2, _MAX_RETRY_S)
 
     def _handshake(self, sock: socket.socket) -> None:
         """HELLO, then (with a secret) AUTH; see the module docstring."""
