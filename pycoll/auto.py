@@ -2,33 +2,35 @@
 
 | question                                                 | function                     | asked by     |
 |----------------------------------------------------------|------------------------------|--------------|
-| how do the ranks reach each other (PYCOLL_TRANSPORT)?    | ``transport``                | Communicator |
-| how long does a waiting rank spin / yield (``auto``)?    | ``wait_policy``              | Communicator |
-| how large are the transport's ring slots, how many?      | ``ring_shape``               | Communicator |
-| are the ranks on equal hosts, numbered host by host?     | ``ranks_per_host``,          | Communicator |
+| how do the ranks reach each other (PYCOLL_TRANSPORT)?    | ``transport``                | formation    |
+| how long does a waiting rank spin / yield (``auto``)?    | ``wait_policy``              | formation    |
+| how large are the transport's ring slots, how many?      | ``ring_shape``               | formation    |
+| are the ranks on equal hosts, numbered host by host?     | ``ranks_per_host``,          | formation    |
 |                                                          | ``spans_equal_hosts``        |              |
-| which cost model do ``auto`` choices use?                | ``uses_calibration``,        | Communicator |
+| which cost model do ``auto`` choices use?                | ``uses_calibration``,        | formation    |
 |                                                          | ``default_model``            |              |
 | which algorithm runs ``algorithm="auto"``?               | ``algorithm``                | pycoll.api   |
 | ... and with a fixed codec?                              | ``auto_compressed_algorithm``| pycoll.api,  |
 |                                                          | ``compressed_algorithm``     | pycoll.bench |
 | ... of an all-to-all?                                    | ``all_to_all_algorithm``     | pycoll.api   |
 | which codec and algorithm run ``compression="auto"``?    | ``compression``              | pycoll.api   |
-| ... and on GPU memory: which machine is it?              | ``gpu_topology``,            | Communicator |
+| ... and on GPU memory: which machine is it?              | ``gpu_topology``,            | formation    |
 |                                                          | ``gpu_topology_setting``     |              |
+| does every rank record every rank's lateness (skew)?     | ``skew``                     | formation    |
 
 The cost model (:class:`pycoll.tuning.model.Model`) only predicts: it answers "which of these is
 predicted fastest" (``choose_algorithm``, ``choose_compression``, remembered per model); this module
 decides when to ask it and what overrides it (GPU memory, hosts of equal size, data compression does not
 support). Every rank asks with the same facts (the host list, rank 0's model), so every rank decides
-alike.
+alike. The per-call questions take those facts as ``Facts`` (what a communicator, or its Context, has),
+so that this module never needs the communicator's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pycoll.algorithms import ALGORITHMS
 from pycoll.algorithms.compressed import COMPRESSED_DIRECT_ALGORITHM, DEFAULT_COMPRESSED_ALGORITHM
@@ -49,7 +51,6 @@ from pycoll.tuning.topology import Topology, TopologyModel, load_links
 
 if TYPE_CHECKING:
     from pycoll.arrays import Buffer
-    from pycoll.comm import Communicator
 
 __all__ = [
     "DEFAULT_ERROR_BUDGET",
@@ -61,6 +62,7 @@ __all__ = [
     "gpu_topology_setting",
     "ranks_per_host",
     "ring_shape",
+    "skew",
     "spans_equal_hosts",
     "transport",
     "uses_calibration",
@@ -70,6 +72,19 @@ __all__ = [
 #: Collectives with a hierarchical plan, which ``auto`` runs on several hosts of equal size (more than one
 #: rank each): each host's sum is formed over shared memory and only the hosts' sums cross the network.
 HIERARCHICAL_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+
+class Facts(Protocol):
+    """What the per-call questions ask of a communicator (or of its Context, pycoll/context.py)."""
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def model(self) -> Model: ...
+    @property
+    def spans_equal_hosts(self) -> bool: ...
+    @property
+    def gpu_model(self) -> TopologyModel | None: ...
+
 
 #: Above this many ranks ``algorithm="auto"`` leaves out the plans that touch every peer (``direct``) for
 #: the collectives that have others: each rank would send n - 1 messages per segment where a ring sends
@@ -156,6 +171,21 @@ def spans_equal_hosts(hosts: Sequence[str]) -> bool:
     return size is not None and size > 1
 
 
+#: Up to this many ranks every rank records every rank's lateness by default (PYCOLL_SKEW unset): each
+#: rank's entry stamp reaches every rank with every collective (in its shared-memory segment, which every
+#: rank then maps; over TCP in a frame to every rank, which makes a link to each). Above it that costs every
+#: rank O(world) per collective and a link to every peer, where the plans need two (a ring) or a few (a
+#: tree), so it is off unless PYCOLL_SKEW=1 asks for it.
+SKEW_MAX_RANKS = 16
+
+
+def skew(setting: bool | None, world: int) -> bool:
+    """Whether this rank records who enters collectives late (PYCOLL_SKEW: ``setting``, None when unset)."""
+    if setting is not None:
+        return setting
+    return world <= SKEW_MAX_RANKS
+
+
 def uses_calibration(transport: str) -> bool:
     """Whether a calibration of this host applies: calibrations are of this host's shared memory."""
     return transport == "shm"
@@ -222,7 +252,7 @@ def gpu_topology(setting: Mapping[str, Any], hosts: Sequence[str]) -> TopologyMo
 
 # ---- each call ------------------------------------------------------------------------------------------
 def algorithm(
-    comm: Communicator, collective: str, algorithm: str, nbytes: int, itemsize: int, gpu: bool = False
+    comm: Facts, collective: str, algorithm: str, nbytes: int, itemsize: int, gpu: bool = False
 ) -> str:
     """``algorithm``, validated; ``auto``: the one the communicator's cost model predicts fastest, and on
     GPU memory NCCL's own collective."""
@@ -249,7 +279,7 @@ def algorithm(
     return algorithm
 
 
-def auto_compressed_algorithm(comm: Communicator) -> str:
+def auto_compressed_algorithm(comm: Facts) -> str:
     """The all-reduce plan ``algorithm="auto"`` runs with a fixed codec: ``hierarchical`` on several hosts
     of equal size (more than one rank each: the codec only on the links between hosts, each host's sum
     exact, every rank's link used), else direct (two-shot: each element quantized at most twice)."""
@@ -264,7 +294,7 @@ def all_to_all_algorithm(algorithm: str) -> str:
     return ALGORITHMS["all_to_all"][0]
 
 
-def compressed_algorithm(collective: str, algorithm: str, comm: Communicator | None = None) -> str:
+def compressed_algorithm(collective: str, algorithm: str, comm: Facts | None = None) -> str:
     """The plan of a reduce-scatter or all-gather with a codec: direct, which quantizes each element once
     (a ring would re-encode a reduce-scatter's partial sums at every hop); ``algorithm`` must be it or
     auto. Either may be hierarchical too (each element quantized once, its bytes crossing between hosts
@@ -284,7 +314,7 @@ def compressed_algorithm(collective: str, algorithm: str, comm: Communicator | N
 
 
 def compression(
-    comm: Communicator,
+    comm: Facts,
     residual: Any,
     buf: Buffer,
     op: str,

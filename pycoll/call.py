@@ -9,17 +9,15 @@ of it again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pycoll.arrays import Buffer
 from pycoll.codes import KIND_CODES
-
-if TYPE_CHECKING:
-    from pycoll.compression import Codec
+from pycoll.compression.codecs import CODEC_DTYPES, Codec
 
 #: The element types a codec compresses (its messages are float32 sums; float16 and bfloat16 are widened
-#: first and rounded back once at the end).
-COMPRESSIBLE_DTYPES = ("float32", "float16", "bfloat16")
+#: first and rounded back once at the end): the codecs' own rule.
+COMPRESSIBLE_DTYPES = CODEC_DTYPES
 #: The operators a codec compresses: a sum of decoded messages is a sum, not a min or a product.
 COMPRESSIBLE_OPS = ("sum", "avg")
 #: The collectives a codec compresses (their plans: pycoll/algorithms/compressed.py).

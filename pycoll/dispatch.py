@@ -13,7 +13,9 @@
 ``launch`` returns the call's result, or its Work when ``call.async_op``. The plans and grouped programs
 every executor runs are compiled once, in the dispatcher's ``PlanCache`` (pycoll/plans.py). Collectives
 on host memory run on the calling thread, or, asynchronous, on the communicator's one worker thread
-(``Worker``): a rank's collectives keep their call order either way.
+(``Worker``): a rank's collectives keep their call order either way. The dispatcher is built from the
+communicator's Context (pycoll/context.py) alone; it also holds the GPU side (pycoll/gpu.py ``GpuSide``),
+made at the first GPU collective, which the GPU executors share.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from pycoll import _C
 from pycoll.call import Call, codec_parts, exact_part
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES
+from pycoll.context import Context
 from pycoll.errors import InvalidUsageError
 from pycoll.plans import PlanCache
 from pycoll.work import Work
 
 if TYPE_CHECKING:
-    from pycoll.comm import Communicator
+    from pycoll.gpu import GpuSide
 
 #: Prepared native arguments kept per executor (the oldest kind of call dropped first).
 ARGS_CACHE_SIZE = 64
@@ -46,8 +49,8 @@ class Worker:
     """Runs a communicator's collectives on the calling thread, or on its one worker thread when
     asynchronous, in call order; once the communicator is broken or closed, its ``check_usable`` raises."""
 
-    def __init__(self, comm: Communicator) -> None:
-        self._comm = comm
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
@@ -57,9 +60,9 @@ class Worker:
 
     def submit(self, fn: Callable[[], Any], async_op: bool) -> Any:
         """Runs fn now (sync) or on the worker thread (async: a Future), keeping call order."""
-        comm = self._comm
-        if comm.broken is not None or comm.closed:
-            comm.check_usable()
+        ctx = self._ctx
+        if ctx.broken is not None or ctx.closed:
+            ctx.check_usable()
         if not async_op and self._pool is None:
             return fn()  # the common case: nothing asynchronous was ever started
         if not async_op and threading.get_ident() == self._ident:
@@ -76,7 +79,7 @@ class Worker:
                 if self._pool is None:
                     self.started = True
                     self._pool = ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix=f"pycoll-rank{comm.rank}", initializer=self._note
+                        max_workers=1, thread_name_prefix=f"pycoll-rank{ctx.rank}", initializer=self._note
                     )
                 fut = self._pool.submit(fn)
                 self._pending.append(fut)
@@ -100,14 +103,15 @@ class _HostExecutor:
     name = ""
 
     def __init__(self, dispatcher: Dispatcher) -> None:
-        self.comm = dispatcher.comm
+        self.ctx = dispatcher.ctx
         self.plans = dispatcher.plans
         self.worker = dispatcher.worker
+        self._dispatcher = dispatcher
 
     def launch(self, call: Call) -> Any:
         if not call.async_op:
-            comm = self.comm
-            if not self.worker.started and comm.broken is None and not comm.closed:
+            ctx = self.ctx
+            if not self.worker.started and ctx.broken is None and not ctx.closed:
                 self.run(call)  # Worker.submit's common case, without its closure (small calls feel it)
             else:
                 self.worker.submit(lambda: self.run(call), False)
@@ -122,14 +126,14 @@ class _HostExecutor:
     def run(self, call: Call) -> None:
         """Runs ``call`` on this thread (the GIL released while it runs); straggler notices it completed
         are delivered before it returns."""
-        native = self.comm.native()
+        native = self.ctx.native()
         args = self.args(call)
         try:
             events = native.run(args, call.inp.ptr, call.out.ptr)
         except BaseException as e:
-            self.comm.native_failed(e)
+            self.ctx.native_failed(e)
         if events and call.report:  # never inside the library's own collectives
-            self.comm.deliver_straggler_events()
+            self._dispatcher.on_events()
 
     def args(self, call: Call) -> Any:
         raise NotImplementedError
@@ -152,15 +156,15 @@ class _HostExecutor:
             codec_id=0 if codec is None else codec.wire_id,
             residual=0 if call.residual is None else call.residual.ptr,
             seed=0 if codec is None else codec.seed,
-            timeout_s=self.comm.timeout if call.timeout is None else call.timeout,
+            timeout_s=self.ctx.timeout if call.timeout is None else call.timeout,
             program=program,
         )
         if not call.report:
             args.skew = False
         if codec is not None and codec.rotation is not None:
             args.rotation_block = codec.block_elems
-            args.rotate_input, args.rotate_output = codec_parts(call, self.comm.world_size)
-            exact = exact_part(call, self.comm.rank)
+            args.rotate_input, args.rotate_output = codec_parts(call, self.ctx.world_size)
+            exact = exact_part(call, self.ctx.rank)
             if exact is not None:
                 args.exact_src, args.exact_dst, args.exact_count = exact
         return args
@@ -176,7 +180,7 @@ class CpuFragment(_HostExecutor):
     def __init__(self, dispatcher: Dispatcher) -> None:
         super().__init__(dispatcher)
         #: The native communicator, until the communicator is finalized (``close``).
-        self.native: Any = dispatcher.comm.native()
+        self.native: Any = dispatcher.ctx.native()
         #: Per kind of call: its codec (None uncompressed) and its native arguments.
         self._args: dict[tuple, tuple[Any, Any]] = {}
         #: pycoll.allreduce's fast path: per (dtype number, length, op, algorithm, timeout) of a numpy
@@ -222,16 +226,16 @@ class CpuFragment(_HostExecutor):
         ``args`` from ``remember``, run in place on ``array``. False, with nothing run, where the call
         must take the full path: an asynchronous collective was ever started (call order is kept there),
         the communicator failed or runs grouped programs, or the array is not writable and C-contiguous."""
-        comm = self.comm
+        ctx = self.ctx
         native = self.native
-        if native is None or self.worker.started or comm.broken is not None or comm.grouped_on_cpu:
+        if native is None or self.worker.started or ctx.broken is not None or ctx.grouped_on_cpu:
             return False
         try:
             events = native.run_in_place(args, array)
         except BaseException as e:
-            comm.native_failed(e)
+            ctx.native_failed(e)
         if events > 0:
-            comm.deliver_straggler_events()
+            self._dispatcher.on_events()
         return events >= 0
 
     def close(self) -> None:
@@ -260,7 +264,7 @@ def _gpu_executor(name: str) -> Callable[[Dispatcher], Executor]:
     def make(dispatcher: Dispatcher) -> Executor:
         from pycoll import gpu  # GPU code is imported at the first GPU collective
 
-        return gpu.EXECUTORS[name](dispatcher)
+        return gpu.EXECUTORS[name](dispatcher.ctx, dispatcher.plans, dispatcher.gpu)
 
     return make
 
@@ -274,14 +278,22 @@ EXECUTORS: dict[str, Callable[[Dispatcher], Executor]] = {
 }
 
 
-class Dispatcher:
-    """One communicator's executors, its plan cache and its worker thread."""
+def _nothing() -> None:
+    pass
 
-    def __init__(self, comm: Communicator) -> None:
-        self.comm = comm
-        self.plans = PlanCache(comm.rank, comm.world_size, comm.hosts, comm.segment_bytes)
-        self.worker = Worker(comm)
+
+class Dispatcher:
+    """One communicator's executors, its plan cache, its worker thread and its GPU side."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        group = ctx.group
+        self.plans = PlanCache(group.rank, group.world_size, group.hosts, group.segment_bytes)
+        self.worker = Worker(ctx)
+        #: Called after a collective of the caller's left straggler events (the skew tracker's dispatch).
+        self.on_events: Callable[[], None] = _nothing
         self._executors: dict[str, Executor] = {}
+        self._gpu: GpuSide | None = None
         #: The fragment executor (the fast path of ``pycoll.allreduce`` reads it directly).
         self.cpu = self.executor("cpu-fragment")
 
@@ -295,14 +307,27 @@ class Dispatcher:
     def executor_for(self, call: Call) -> str:
         """The name of the executor that runs ``call``."""
         if call.inp.on_gpu:
-            return "host-staged" if self.comm.settings.gpu_transport == "shm" else "nccl"
-        return "cpu-grouped" if self.comm.grouped_on_cpu else "cpu-fragment"
+            return "host-staged" if self.ctx.settings.gpu_transport == "shm" else "nccl"
+        return "cpu-grouped" if self.ctx.grouped_on_cpu else "cpu-fragment"
 
     def launch(self, call: Call) -> Any:
         """Runs ``call`` on its executor: its result, or a Work when ``call.async_op``."""
-        if not call.inp.on_gpu and not self.comm.grouped_on_cpu:
+        if not call.inp.on_gpu and not self.ctx.grouped_on_cpu:
             return self.cpu.launch(call)  # the common case, without the table's lookups
         return self.executor(self.executor_for(call)).launch(call)
+
+    def gpu(self) -> GpuSide:
+        """The GPU side (NCCL communicator, device, watchdog), made at the first GPU collective."""
+        if self._gpu is None:
+            from pycoll.gpu import GpuSide
+
+            self._gpu = GpuSide(self.ctx)
+        return self._gpu
+
+    def fail_gpu(self, error: BaseException) -> None:
+        """The communicator failed (revoked, a member lost): so do the GPU collectives in flight."""
+        if self._gpu is not None:
+            self._gpu.fail(error)
 
     def close(self) -> None:
         self.worker.shutdown()
@@ -311,3 +336,6 @@ class Dispatcher:
             if close is not None:
                 close()
         self._executors.clear()
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None

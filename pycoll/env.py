@@ -45,8 +45,9 @@
 | PYCOLL_SECRET          | rendezvous secret: every connection to the rendezvous store    | unset   |
 |                        | must prove it holds it (HMAC challenge, never sent itself);    |         |
 |                        | set the same value on every rank and on the launcher           |         |
-| PYCOLL_SKEW            | record who enters collectives late (``comm.skew()``); ``0``:   | 1       |
-|                        | off on this rank (then no rank's report has its collectives)   |         |
+| PYCOLL_SKEW            | record who enters collectives late (``comm.skew()``); ``0``:   | auto    |
+|                        | off on this rank (then no rank's report has its collectives);  |         |
+|                        | auto: on up to 16 ranks (pycoll.auto.skew)                     |         |
 | PYCOLL_SKEW_WINDOW     | collectives in the skew report's recent window                 | 1000    |
 | PYCOLL_SKEW_REPORT     | file the skew report is written to (JSON) at finalize, by rank | unset   |
 |                        | 0; ``{rank}`` in it: by every rank, each its own view          |         |
@@ -66,7 +67,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from pycoll.errors import InvalidUsageError
 
@@ -132,7 +133,7 @@ class Settings:
     #: PYCOLL_SKEW, PYCOLL_SKEW_WINDOW, PYCOLL_SKEW_REPORT, PYCOLL_STRAGGLER_MS, PYCOLL_FAKE_CLOCK_OFFSET_S:
     #: skew recording (pycoll/skew/), its recent window, the JSON written at finalize, the logging notice,
     #: and a test shift of this rank's clock.
-    skew: bool = True
+    skew: bool | None = None  # None: pycoll.auto.skew decides from the world size
     skew_window: int = DEFAULT_SKEW_WINDOW
     skew_report: str | None = None
     straggler_ms: float | None = None
@@ -212,7 +213,7 @@ class Settings:
             heartbeat_timeout_s=float(
                 number("PYCOLL_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, float, 0.05)
             ),
-            skew=_flag(env, "PYCOLL_SKEW", True),
+            skew=_flag(env, "PYCOLL_SKEW", None),
             skew_window=int(number("PYCOLL_SKEW_WINDOW", DEFAULT_SKEW_WINDOW, int, 1)),
             skew_report=env.get("PYCOLL_SKEW_REPORT", "").strip() or None,
             straggler_ms=(
@@ -253,7 +254,7 @@ def topology_setting(raw: str) -> dict[str, str]:
     return spec
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+def _flag(env: Mapping[str, str], name: str, default: Any) -> Any:
     raw = env.get(name, "").strip().lower()
     if not raw:
         return default

@@ -60,6 +60,12 @@ class EvictedError(CommunicatorRevokedError):
     than the heartbeat timeout). It cannot rejoin that communicator; a new process may join the job."""
 
 
+def ranks_text(ranks: list[int], limit: int = 32) -> str:
+    """Ranks as an error message names them: "1, 5, 9", the first ``limit`` and how many in all past them."""
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return shown + (f", ... ({len(ranks)} in all)" if len(ranks) > limit else "")
+
+
 __all__ = [
     "PycollError",
     "CollectiveTimeoutError",

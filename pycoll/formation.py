@@ -1,14 +1,28 @@
-"""How the ranks of a new communicator find each other and connect: which ranks share a host, which
-transport joins them (shared memory, TCP, or both), and the cost model every rank chooses by.
+"""How the ranks of a new communicator find each other: which ranks share a host, which transport joins
+them (shared memory, TCP, or both), the cost model every rank chooses by, and the fault plane.
 
-Every step goes through the communicator's store, in the same order on every rank: each rank publishes
-its host id, then its shared-memory segment or TCP address, then waits for the others' (each wait bounded
-by the set-up timeout). ``pycoll.comm.Communicator`` calls ``form`` once; what it returns is all the
-communicator keeps of it.
+Every step goes through the communicator's store in two *rounds* (``gather``), each O(1) store operations
+per rank and O(n) in all, never n reads on one rank but the first:
+
+    hosts   every rank publishes its host id, pid and clock domain; rank 0 reads the n records and
+            publishes them as one table, which every other rank reads once. From it every rank knows the
+            same layout: which ranks share a host, the transport, the segments' and rings' sizes.
+    links   every rank publishes where its peers reach it (its shared-memory segment, its TCP port, its
+            control socket); rank 0 adds what every rank must take from one rank (the fault plane's id and
+            token, the TCP job key, its cost model and PYCOLL_TOPOLOGY) and publishes the table.
+
+No data link is made here: the native transport maps a peer's segment, or connects to it over TCP, when a
+collective first needs it (csrc/transport/shm.h, tcp.h). Only the fault plane's links are formed (every
+dial at once, natively: pycoll/fault/plane.py). A rank that does not publish its record in time is named
+in the error every rank raises (rank 0 publishes the failure in place of the table); one of this host whose
+process has exited (its pid, from the first round) is found at once.
+
+``pycoll.comm.Communicator`` calls ``form`` once; the Context it returns is all the communicator keeps.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -16,16 +30,35 @@ import logging
 import os
 import secrets
 import socket
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from pycoll import _C, auto
-from pycoll.bootstrap import Store, store_barrier
+from pycoll.bootstrap import Store
 from pycoll.bootstrap.net import interface_address, reachable_address
+from pycoll.context import Context, Group
 from pycoll.env import Settings, rendezvous_secret, usable_cpus
+from pycoll.errors import (
+    CollectiveTimeoutError,
+    InvalidUsageError,
+    PeerLostError,
+    PycollError,
+    ranks_text,
+)
+from pycoll.fault.listener import listener_for
+from pycoll.fault.membership import member_info
+from pycoll.fault.plane import Plane
+from pycoll.fault.plane import form as form_plane
 from pycoll.tuning import Model
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
 
 log = logging.getLogger("pycoll")
+
+#: How long a round's waits last between two looks at whether a rank of this host has exited.
+_SLICE_S = 0.25
+#: How much longer than the set-up deadline the other ranks wait for rank 0's table: rank 0 may need all
+#: of it to find a rank that never came, and then publishes that instead of the table.
+_ROOT_GRACE_S = 2.0
 
 
 def host_id(settings: Settings | None = None) -> str:
@@ -70,12 +103,6 @@ def hosts_text(hosts: Sequence[str]) -> str:
     return "; ".join(parts)
 
 
-def discover_hosts(store: Store, rank: int, world_size: int, settings: Settings, timeout: float) -> list[str]:
-    """Every rank's host id, in rank order (each rank publishes its own)."""
-    store.set(f"host/{rank}", host_id(settings).encode())
-    return [store.get(f"host/{r}", timeout).decode() for r in range(world_size)]
-
-
 def tcp_addresses(settings: Settings, store: Store, hosts: Sequence[str]) -> tuple[str, str]:
     """(address this rank's TCP transport listens on, address it tells the other ranks)."""
     if settings.socket_ifname is not None:
@@ -86,116 +113,275 @@ def tcp_addresses(settings: Settings, store: Store, hosts: Sequence[str]) -> tup
     return "0.0.0.0", reachable_address(store)
 
 
-class Formed:
-    """What forming a communicator's transport left: the native communicator, its message sizes, and the
-    cost model every rank agreed on (with rank 0's PYCOLL_TOPOLOGY setting for the GPU machine)."""
-
-    def __init__(self, native: Any, model: Model, gpu_topology_setting: dict[str, Any]) -> None:
-        self.native = native
-        self.segment_bytes = int(native.segment_bytes)
-        self.fragment_bytes = int(native.fragment_bytes)
-        self.model = model
-        self.gpu_topology_setting = gpu_topology_setting
+def clock_domain(offset_ns: int) -> int:
+    """Ranks with the same value read one steady clock: one kernel (boot id), the same test offset
+    (PYCOLL_FAKE_CLOCK_OFFSET_S); the skew recorder compares their stamps directly."""
+    digest = hashlib.blake2b(f"{boot_id()}/{offset_ns}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
+def process_exited(pid: int) -> bool:
+    """Whether process ``pid`` of this host has exited (or is a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+# ---- rounds ------------------------------------------------------------------------------------------
+def gather(
+    store: Store,
+    name: str,
+    rank: int,
+    world: int,
+    mine: dict[str, Any],
+    timeout: float,
+    *,
+    extra: Callable[[], dict[str, Any]] | None = None,
+    gone: Callable[[int], str | None] = lambda r: None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every rank's record of round ``name`` (``mine`` on this rank) in rank order, and what rank 0 added
+    (``extra()``, called on rank 0 alone). Each rank sets its record and reads one table; rank 0 reads the
+    n records and sets the table. ``gone(r)`` says why rank r will never publish (its process exited), or
+    None. A rank missing after ``timeout`` (or gone) is named in the error every rank raises."""
+    if rank != 0:
+        store.set(f"round/{name}/{rank}", json.dumps(mine).encode())
+        wait = timeout + _ROOT_GRACE_S
+        table = _wait_json(store, f"round/{name}/all", wait, lambda: gone(0), f"rank 0's {name} table")
+        failure = table.get("error")
+        if failure is not None:
+            raise _error_from(failure)
+        return table["ranks"], table["extra"]
+    records: list[dict[str, Any]] = [mine]
+    deadline = time.monotonic() + timeout
+    try:
+        for r in range(1, world):
+            left = max(0.0, deadline - time.monotonic())
+            why: Callable[[], str | None] = functools.partial(gone, r)
+            records.append(_wait_json(store, f"round/{name}/{r}", left, why, f"rank {r}"))
+        added = extra() if extra is not None else {}
+    except PycollError as exc:
+        missing = list(range(len(records), world))
+        error = _round_error(exc, name, world, missing, timeout)
+        try:
+            store.set(f"round/{name}/all", json.dumps({"error": error}).encode())
+        except PycollError:
+            log.debug("rank 0 could not publish the failure of round %s", name, exc_info=True)
+        raise _error_from(error) from None
+    store.set(f"round/{name}/all", json.dumps({"ranks": records, "extra": added}).encode())
+    return records, added
+
+
+def _wait_json(store: Store, key: str, timeout: float, gone: Callable[[], str | None], what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return json.loads(store.get(key, max(0.0, min(_SLICE_S, left))))
+        except CollectiveTimeoutError:
+            why = gone()
+            if why is not None:
+                raise PeerLostError(f"{what}: {why}") from None
+            if left <= _SLICE_S:
+                raise CollectiveTimeoutError(f"{what} did not publish its set-up record in time") from None
+
+
+def _round_error(
+    exc: PycollError, name: str, world: int, missing: list[int], timeout: float
+) -> dict[str, Any]:
+    """What every rank raises when round ``name`` failed on rank 0 (``exc``; ``missing``: the ranks whose
+    records did not come, the first of which ``exc`` is about)."""
+    first = missing[0] if missing else -1
+    if isinstance(exc, PeerLostError) and first >= 0:
+        text = f"rank {first} of {world} exited during pycoll.init's set-up ({exc})"
+        return {"type": "PeerLostError", "rank": first, "message": text}
+    if isinstance(exc, CollectiveTimeoutError) and missing:
+        text = (
+            f"rank(s) {ranks_text(missing)} of {world} did not reach pycoll.init's set-up (round {name!r}) "
+            f"within {timeout:g} s: started late, hung, or died before; the others stop waiting for them"
+        )
+        return {"type": "CollectiveTimeoutError", "rank": first, "message": text}
+    return {"type": type(exc).__name__, "rank": getattr(exc, "rank", -1), "message": str(exc)}
+
+
+def _error_from(error: dict[str, Any]) -> PycollError:
+    if error.get("type") == "PeerLostError":
+        return PeerLostError(str(error["message"]), rank=int(error.get("rank", -1)))
+    if error.get("type") == "CollectiveTimeoutError":
+        return CollectiveTimeoutError(str(error["message"]))
+    return PycollError(f"{error.get('type')}: {error.get('message')}")
+
+
+# ---- forming -----------------------------------------------------------------------------------------
 def form(
     store: Store,
     rank: int,
-    world_size: int,
+    world: int,
+    *,
+    settings: Settings,
+    timeout: float,
+    plane: Plane | None,
+    fault_tolerance: bool,
+    addresses: tuple[str, str] | None,
+    epoch: int,
+    parent_ranks: tuple[int, ...],
+    hosting: bool,
+) -> Context:
+    """Forms this rank's part of a new communicator on ``store`` (module docstring): its Context. With
+    ``plane`` (a shrink or a grow: the store runs over it) no fault plane is formed; else one is, when
+    ``fault_tolerance``. ``hosting``: this rank hosts the store (it must not close it under the others)."""
+    offset = round(settings.fake_clock_offset_s * 1e9)
+    mine = {"host": host_id(settings), "pid": os.getpid(), "domain": clock_domain(offset)}
+    first, _ = gather(store, "hosts", rank, world, mine, timeout)
+    hosts = tuple(str(r["host"]) for r in first)
+    pids = [int(r["pid"]) for r in first]
+    local_rank, local_world, node_rank, num_nodes = host_layout(hosts, rank)
+    transport = auto.transport(settings.transport, num_nodes, world)
+    if num_nodes > 1 and transport == "shm":
+        _refuse_shm_across_hosts(store, rank, world, hosts, hosting, timeout)
+    if addresses is None:
+        addresses = tcp_addresses(settings, store, hosts)
+    native = _native_communicator(rank, world, hosts, transport, addresses, settings, local_world, offset)
+    listener = None
+    if plane is None and fault_tolerance:
+        listener = listener_for(addresses[0], addresses[1], settings.secret)
+    links = {
+        "shm": native.segment_fd if transport in ("shm", "mixed") else None,
+        "tcp": f"{addresses[1]}:{native.tcp_port}" if transport in ("tcp", "mixed") else None,
+        "control": None if listener is None else member_info(listener, hosts[rank]),
+    }
+
+    def gone(r: int) -> str | None:
+        if hosts[r] == hosts[rank] and process_exited(pids[r]):
+            return f"rank {r}'s process (pid {pids[r]}) has exited"
+        return None
+
+    def root_extra() -> dict[str, Any]:
+        model, gpu = _root_model(transport, native, settings)
+        return {
+            "plane": {"id": secrets.token_hex(8), "token": secrets.token_hex(16)},
+            "key": secrets.token_hex(32),
+            "model": model_to_dict(model),
+            "gpu_topology": gpu,
+        }
+
+    records, extra = gather(store, "links", rank, world, links, timeout, extra=root_extra, gone=gone)
+    local = [h == hosts[rank] for h in hosts] if transport == "mixed" else []
+    if transport in ("shm", "mixed"):
+        here = [not local or local[r] for r in range(world)]
+        native.set_shm_peers([p if h else 0 for p, h in zip(pids, here)],
+                             [int(rec["shm"]) if h else -1 for rec, h in zip(records, here)])  # fmt: skip
+    if transport in ("tcp", "mixed"):
+        tcp = ["" if local and local[r] else str(rec["tcp"]) for r, rec in enumerate(records)]
+        native.set_tcp_peers(tcp, _tcp_key(bytes.fromhex(extra["key"])), timeout)
+    if listener is not None:
+        members = [rec["control"] for rec in records]
+        plane_id = f"{extra['plane']['id']}/e0"
+        plane = form_plane(listener, rank, world, members, plane_id, extra["plane"]["token"],
+                           settings.heartbeat_timeout_s, time.monotonic() + timeout, gone)  # fmt: skip
+    try:
+        # Counted so that a rank hosting the store keeps it up until every rank is past its reads.
+        store.add("past_setup", 1)
+    except BaseException:
+        if listener is not None and plane is not None:
+            plane.close()
+        raise
+    group = Group(
+        rank=rank,
+        world_size=world,
+        hosts=hosts,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        transport=transport,
+        addresses=addresses,
+        timeout=timeout,
+        settings=settings,
+        model=model_from_dict(extra["model"]),
+        segment_bytes=int(native.segment_bytes),
+        fragment_bytes=int(native.fragment_bytes),
+        gpu_topology_setting=extra["gpu_topology"],
+        spans_equal_hosts=auto.spans_equal_hosts(hosts),
+        clock_domains=tuple(int(r["domain"]) for r in first),
+        epoch=epoch,
+        parent_ranks=parent_ranks,
+    )
+    log.info(
+        "rank %d/%d: %s transport (links made at first use), reduce loops %s",
+        rank,
+        world,
+        {"shm": "shared-memory", "tcp": "TCP", "mixed": "shared-memory (this host) and TCP"}[transport],
+        _C.reduce_isa(),
+    )
+    return Context(group, native, plane, store)
+
+
+def _refuse_shm_across_hosts(
+    store: Store, rank: int, world: int, hosts: Sequence[str], hosting: bool, timeout: float
+) -> None:
+    """PYCOLL_TRANSPORT=shm on several hosts: every rank saw the same table, so every rank raises here. A
+    rank hosting the store first waits (bounded) for the others to be past their reads, which would
+    otherwise fail with a lost store instead of this error."""
+    store.add("hosts_checked", 1)
+    if hosting:
+        deadline = time.monotonic() + min(timeout, 10.0)
+        while store.add("hosts_checked", 0) < world and time.monotonic() < deadline:
+            time.sleep(0.005)
+    raise InvalidUsageError(
+        f"rank {rank}: the {world} ranks run on {len(set(hosts))} hosts "
+        f"({hosts_text(hosts)}), but PYCOLL_TRANSPORT=shm connects the ranks of one host only; "
+        "unset it (or set tcp). If these ranks do share a host, unset PYCOLL_HOST_ID or give it the "
+        "same value on all of them"
+    )
+
+
+def _native_communicator(
+    rank: int,
+    world: int,
     hosts: Sequence[str],
     transport: str,
     addresses: tuple[str, str],
     settings: Settings,
-    timeout: float,
-) -> Formed:
-    """Makes this rank's native communicator and connects it to every peer over ``transport`` ("shm",
-    "tcp" or "mixed": shared memory to this host's ranks, TCP to the others); then the cost model."""
-    local_world_size = host_layout(hosts, rank)[1]
-    spin, yield_us = auto.wait_policy(settings, local_world_size, transport, usable_cpus())
-    slot_bytes, slots = auto.ring_shape(settings, transport, world_size)
+    local_world: int,
+    clock_offset_ns: int,
+) -> Any:
+    """This rank's native communicator over ``transport`` ("shm", "tcp" or "mixed": shared memory to this
+    host's ranks, TCP to the others), its links not made yet."""
+    spin, yield_us = auto.wait_policy(settings, local_world, transport, usable_cpus())
+    slot_bytes, slots = auto.ring_shape(settings, transport, world)
     local = [h == hosts[rank] for h in hosts] if transport == "mixed" else []
-    bind, advertised = addresses if transport in ("tcp", "mixed") else ("", "")
-    native = _C.NativeCommunicator(
+    return _C.NativeCommunicator(
         rank,
-        world_size,
+        world,
         slot_bytes,
         slots,
         spin * 1000,
         yield_us * 1000,
         settings.stream_bytes,
-        bind,
+        addresses[0] if transport in ("tcp", "mixed") else "",
         local,
-        settings.skew,
+        auto.skew(settings.skew, world),
         settings.skew_window,
-        round(settings.fake_clock_offset_s * 1e9),
+        clock_offset_ns,
     )
-    if transport in ("shm", "mixed"):
-        _attach_shared_memory(native, store, rank, world_size, timeout, local)
-    if transport in ("tcp", "mixed"):
-        _connect_tcp(native, store, rank, world_size, advertised, timeout, local)
-    # Counted so that a rank hosting the store keeps it up until every rank is past the barrier.
-    store.add("past_setup", 1)
-    model, gpu_topology = _agree_on_model(store, rank, transport, native, settings, timeout)
-    log.info(
-        "rank %d/%d: %s transport to every peer (%d slots x %d KiB per link), "
-        "spin %d us, yield %d us, reduce loops %s",
-        rank,
-        world_size,
-        {"shm": "shared-memory", "tcp": "TCP", "mixed": "shared-memory (this host) and TCP"}[transport],
-        slots,
-        slot_bytes // 1024,
-        spin,
-        yield_us,
-        _C.reduce_isa(),
-    )
-    return Formed(native, model, gpu_topology)
 
 
-def _attach_shared_memory(
-    native: Any, store: Store, rank: int, world_size: int, timeout: float, local: list[bool]
-) -> None:
-    """Maps the segments of this host's ranks (``local``; empty: every rank is on this host)."""
-    store.set(f"shm/{rank}", f"{os.getpid()},{native.segment_fd}".encode())
-    pids, fds = [], []
-    for r in range(world_size):
-        pid, fd = store.get(f"shm/{r}", timeout).decode().split(",")
-        here = not local or local[r]
-        pids.append(int(pid) if here else 0)  # 0: a rank of another host, reached over TCP
-        fds.append(int(fd) if here else -1)
-    native.connect(pids, fds)
-    store_barrier(store, "attached", rank, world_size, timeout, what="shared-memory set-up")
-    native.close_segment_fd()
-
-
-def _connect_tcp(
-    native: Any, store: Store, rank: int, world_size: int, advertised: str, timeout: float, local: list[bool]
-) -> None:
-    """Every rank publishes where it listens; each dials the ranks below it, and both ends of every
-    connection prove they hold the job's key (csrc/transport/tcp.h). The key is rank 0's random job
-    key from the store; with PYCOLL_SECRET it is HMAC(secret, job key), so that someone who read the
-    store's traffic (authenticated, not encrypted) still cannot connect."""
-    if rank == 0:
-        store.set("tcp/job_key", secrets.token_hex(32).encode())
-    key = bytes.fromhex(store.get("tcp/job_key", timeout).decode())
+def _tcp_key(job_key: bytes) -> bytes:
+    """What both ends of every TCP connection prove they hold (csrc/transport/tcp.h): rank 0's random job
+    key, or with PYCOLL_SECRET an HMAC of it under the secret, so that someone who read the store's
+    traffic (authenticated, not encrypted) still cannot connect."""
     secret = rendezvous_secret()
-    if secret is not None:
-        key = hmac.new(secret, b"pycoll tcp data sockets\0" + key, hashlib.sha256).digest()
-    store.set(f"tcp/{rank}", f"{advertised}:{native.tcp_port}".encode())
-    addresses = [store.get(f"tcp/{r}", timeout).decode() for r in range(world_size)]
-    if local:  # this host's ranks are reached over shared memory
-        addresses = ["" if here else a for a, here in zip(addresses, local)]
-    native.connect_tcp(addresses, key, timeout)
-    store_barrier(store, "connected", rank, world_size, timeout, what="TCP set-up")
+    if secret is None:
+        return job_key
+    return hmac.new(secret, b"pycoll tcp data sockets\0" + job_key, hashlib.sha256).digest()
 
 
-def _agree_on_model(
-    store: Store, rank: int, transport: str, native: Any, settings: Settings, timeout: float
-) -> tuple[Model, dict[str, Any]]:
-    """The cost model ``auto`` chooses by: rank 0's (this host's calibration, or the defaults), handed to
-    every rank through the store, so that all ranks make the same choices; and rank 0's PYCOLL_TOPOLOGY."""
-    if rank != 0:
-        gpu_topology = json.loads(store.get("gpu-topology", timeout).decode())
-        return model_from_dict(json.loads(store.get("tuning", timeout).decode())), gpu_topology
+def _root_model(transport: str, native: Any, settings: Settings) -> tuple[Model, dict[str, Any]]:
+    """Rank 0's cost model (this host's calibration, or the defaults), which every rank takes so that all
+    make the same choices, and its PYCOLL_TOPOLOGY setting."""
     segment_bytes, fragment_bytes = int(native.segment_bytes), int(native.fragment_bytes)
     model = None
     if auto.uses_calibration(transport):
@@ -204,7 +390,4 @@ def _agree_on_model(
         model = auto.default_model(
             transport, workers=usable_cpus(), segment_bytes=segment_bytes, fragment_bytes=fragment_bytes
         )
-    gpu_topology = auto.gpu_topology_setting(settings.gpu_topology)
-    store.set("gpu-topology", json.dumps(gpu_topology).encode())
-    store.set("tuning", json.dumps(model_to_dict(model)).encode())
-    return model, gpu_topology
+    return model, auto.gpu_topology_setting(settings.gpu_topology)

@@ -38,8 +38,8 @@ from pycoll.tuning.links import GPU_SEGMENT_BYTES
 from pycoll.work import Work
 
 if TYPE_CHECKING:
-    from pycoll.comm import Communicator
-    from pycoll.dispatch import Dispatcher
+    from pycoll.context import Context
+    from pycoll.plans import PlanCache
 
 log = logging.getLogger("pycoll")
 
@@ -106,7 +106,7 @@ class GpuWork(Work):
         if self._enqueued.error is not None:  # aborted (its event completes once NCCL is)
             self._error, self._done = self._enqueued.error, True
             return True
-        broken = self._side.comm.broken
+        broken = self._side.ctx.broken
         if not done and broken is not None:
             self._error, self._done = broken, True
             return True
@@ -180,15 +180,15 @@ class GpuWork(Work):
 class GpuSide:
     """One rank's GPU state: its device, NCCL communicator, native GPU communicator and watchdog."""
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, ctx: Context) -> None:
         cuda = _cuda_module()
         count = cuda.device_count()
         if count == 0:
             raise InvalidUsageError(
                 f"GPU memory was passed, but no CUDA device is usable: {cuda.device_error()}"
             )
-        self.comm = comm
-        self.device = comm.local_rank % count
+        self.ctx = ctx
+        self.device = ctx.group.local_rank % count
         self._cuda = cuda
         self._nccl: Any = None
         self._native: Any = None
@@ -203,7 +203,7 @@ class GpuSide:
         if buf.device != self.device:
             raise InvalidUsageError(
                 f"{name} is on cuda:{buf.device} but the communicator is on cuda:{self.device} "
-                f"(local rank {self.comm.local_rank} of {self._cuda.device_count()} visible GPUs); "
+                f"(local rank {self.ctx.group.local_rank} of {self._cuda.device_count()} visible GPUs); "
                 f"put rank r's tensors on cuda:(LOCAL_RANK % device_count), "
                 f"e.g. with torch.cuda.set_device(local_rank)"
             )
@@ -233,16 +233,16 @@ class GpuSide:
             restore = self._use_device()
             try:
                 self._nccl = create_nccl_comm(
-                    PrefixStore(self.comm.store, "nccl"),
-                    self.comm.rank,
-                    self.comm.world_size,
-                    self.comm.timeout,
+                    PrefixStore(self.ctx.store, "nccl"),
+                    self.ctx.rank,
+                    self.ctx.world_size,
+                    self.ctx.timeout,
                 )
             finally:
                 if restore is not None:
                     restore()
             self._native = _C.gpu.GpuCommunicator(self._nccl)
-            log.info("rank %d: NCCL communicator on cuda:%d", self.comm.rank, self.device)
+            log.info("rank %d: NCCL communicator on cuda:%d", self.ctx.rank, self.device)
         return self._nccl
 
     def nccl_native(self) -> Any:
@@ -274,7 +274,7 @@ class GpuSide:
         finally:
             if restore is not None:
                 restore()
-        timeout = self.comm.timeout if call.timeout is None else call.timeout
+        timeout = self.ctx.timeout if call.timeout is None else call.timeout
         what = f"{call.collective}({call.count} x {call.inp.dtype}, {call.algorithm}) on cuda:{self.device}"
         enqueued = Enqueued(event, time.monotonic() + timeout, what)
         self._watch(enqueued)
@@ -289,7 +289,7 @@ class GpuSide:
             self._outstanding.append(enqueued)
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._watchdog, name=f"pycoll-gpu-watchdog-{self.comm.rank}", daemon=True
+                    target=self._watchdog, name=f"pycoll-gpu-watchdog-{self.ctx.rank}", daemon=True
                 )
                 self._thread.start()
             self._cond.notify()
@@ -321,7 +321,7 @@ class GpuSide:
             if time.monotonic() >= head.deadline:
                 self.fail(
                     CollectiveTimeoutError(
-                        f"{head.description} on rank {self.comm.rank} did not finish within its "
+                        f"{head.description} on rank {self.ctx.rank} did not finish within its "
                         f"deadline; the NCCL communicator was aborted (a peer may have died, hung or called "
                         f"differently)"
                     )
@@ -349,8 +349,8 @@ class GpuSide:
                 nccl.abort()
             except PycollError:
                 log.debug("NCCL abort failed", exc_info=True)
-        if self.comm.break_with(error):
-            log.error("rank %d: %s", self.comm.rank, error)
+        if self.ctx.break_with(error):
+            log.error("rank %d: %s", self.ctx.rank, error)
 
     def close(self) -> None:
         with self._cond:
@@ -374,7 +374,7 @@ class GpuSide:
                 try:
                     nccl.destroy()
                 except PycollError:
-                    log.debug("rank %d: NCCL destroy failed", self.comm.rank, exc_info=True)
+                    log.debug("rank %d: NCCL destroy failed", self.ctx.rank, exc_info=True)
             del native
             del nccl
         finally:
@@ -425,22 +425,23 @@ class _GpuExecutor:
 
     name = ""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.comm = dispatcher.comm
-        self.plans = dispatcher.plans
+    def __init__(self, ctx: Context, plans: PlanCache, side: Callable[[], GpuSide]) -> None:
+        self.ctx = ctx
+        self.plans = plans
+        self._side = side  # the communicator's GPU side, made at its first use
         self._lock = threading.Lock()  # one rank's GPU collectives are enqueued in call order
 
     def launch(self, call: Call) -> Any:
-        comm = self.comm
-        comm.check_usable()
+        ctx = self.ctx
+        ctx.check_usable()
         with self._lock:
-            side = comm.gpu()
+            side = self._side()
             try:
                 self.check(call)
                 enqueued = side.enqueue(call, lambda c, stream: self.enqueue(side, c, stream))
             except PycollError as e:
                 if not isinstance(e, InvalidUsageError):
-                    comm.broken = e
+                    ctx.broken = e
                     side.fail(e)
                 raise
         if not call.async_op:
@@ -477,7 +478,7 @@ class NcclExecutor(_GpuExecutor):
             run(nccl, call, stream)
             return
         plan, program = self.program(call)
-        side.nccl_native().run(plan, program, device_call(call, stream, self.comm.world_size, self.comm.rank))
+        side.nccl_native().run(plan, program, device_call(call, stream, self.ctx.world_size, self.ctx.rank))
 
 
 class HostStagedExecutor(_GpuExecutor):
@@ -497,15 +498,16 @@ class HostStagedExecutor(_GpuExecutor):
         staged = _C.Call(
             plan=plan,
             program=program,
-            timeout_s=self.comm.timeout if call.timeout is None else call.timeout,
+            timeout_s=self.ctx.timeout if call.timeout is None else call.timeout,
             gpu=side.staged_native(),
-            device=device_call(call, stream, self.comm.world_size, self.comm.rank),
+            device=device_call(call, stream, self.ctx.world_size, self.ctx.rank),
         )
-        self.comm.native().run(staged, call.inp.ptr, call.out.ptr)
+        self.ctx.native().run(staged, call.inp.ptr, call.out.ptr)
 
 
-#: pycoll/dispatch.py's GPU executors, by name.
-EXECUTORS: dict[str, Callable[[Dispatcher], Any]] = {
+#: pycoll/dispatch.py's GPU executors, by name: each made from the communicator's Context, its plan cache
+#: and its GPU side.
+EXECUTORS: dict[str, Callable[[Context, PlanCache, Callable[[], GpuSide]], Any]] = {
     "nccl": NcclExecutor,
     "host-staged": HostStagedExecutor,
 }

@@ -19,8 +19,10 @@ Communicator::Communicator(const CommunicatorConfig& config) {
   std::unique_ptr<TcpTransport> tcp;
   if (config.tcp_bind.empty() || !config.local.empty())
     shm = std::make_unique<ShmTransport>(rank, world, ShmConfig{config.slot_bytes, config.slots});
-  if (!config.tcp_bind.empty())
+  if (!config.tcp_bind.empty()) {
     tcp = std::make_unique<TcpTransport>(rank, world, TcpConfig{config.slot_bytes, config.slots}, config.tcp_bind);
+    tcp->announce_to_all(config.skew.enabled);  // the skew recorder reads every rank's entry stamp
+  }
   shm_ = shm.get();
   tcp_ = tcp.get();
   if (shm && tcp)

@@ -17,6 +17,8 @@ void bind_nccl(pybind11::module_& m);
 void bind_gpu(pybind11::module_& m);
 // pycoll._C.testing: what only the tests ask of the native core (testing.cc).
 void bind_testing(pybind11::module_& m);
+// pycoll._C.ControlListener and ControlLinks: the fault plane's native side (csrc/fault/).
+void bind_fault(pybind11::module_& m);
 // The skew recorder's methods on pycoll._C.NativeCommunicator (csrc/engine/skew.h).
 void bind_skew(pybind11::module_& m, pybind11::class_<Communicator>& cls);
 

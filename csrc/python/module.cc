@@ -317,13 +317,11 @@ PYBIND11_MODULE(_C, m) {
           "whether chains of receive-reduces run in one pass (csrc/engine/plan_fusion.h); off only to compare")
       .def_property_readonly("tcp_port", [](Communicator& c) { return c.tcp().listen_port(); })
       .def(
-          "connect_tcp",
-          [](Communicator& c, const std::vector<std::string>& addresses, const py::bytes& key, double timeout_s) {
-            std::string k = key;
-            py::gil_scoped_release release;
-            c.tcp().connect(addresses, k, timeout_s);
-          },
-          py::arg("addresses"), py::arg("key"), py::arg("timeout_s"))
+          "set_tcp_peers",
+          [](Communicator& c, const std::vector<std::string>& addresses, const py::bytes& key,
+             double dial_timeout_s) { c.tcp().set_peers(addresses, std::string(key), dial_timeout_s); },
+          py::arg("addresses"), py::arg("key"), py::arg("dial_timeout_s"),
+          "where the peers listen and the job's key; each link is made at its first use")
       .def_property_readonly("segment_bytes", [](Communicator& c) { return c.transport().segment_bytes(); })
       .def_property_readonly("fragment_bytes", [](Communicator& c) { return c.transport().fragment_bytes(); })
       .def_property_readonly("seq", &Communicator::seq)
@@ -340,9 +338,13 @@ PYBIND11_MODULE(_C, m) {
              d["sleeps"] = s.sleeps.get();
              return d;
            })
-      .def("connect", [](Communicator& c, const std::vector<int>& pids,
-                         const std::vector<int>& fds) { c.shm().connect(pids, fds); })
-      .def("close_segment_fd", [](Communicator& c) { c.shm().close_segment_fd(); })
+      .def(
+          "set_shm_peers",
+          [](Communicator& c, const std::vector<int>& pids, const std::vector<int>& fds) {
+            c.shm().set_peers(pids, fds);
+          },
+          py::arg("pids"), py::arg("fds"), "where the peers' segments are; each is mapped at its first use")
+      .def("shm_mapped_peers", [](Communicator& c) { return c.shm().mapped_peers(); })
       .def(
           "run",
           [](Communicator& c, const Call& call, uintptr_t input, uintptr_t output) {
@@ -384,6 +386,7 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", &Communicator::abort, py::arg("kind"), py::arg("message"));
 
   python::bind_skew(m, communicator);
+  python::bind_fault(m);
   python::bind_testing(m);
   python::bind_cuda(m);
   python::bind_nccl(m);

@@ -102,6 +102,17 @@ void bind_testing(py::module_& m) {
   t.def(
       "tcp_rejected", [](Communicator& c) { return c.tcp().rejected_connections(); }, py::arg("comm"),
       "how many connections this rank's TCP transport turned away (failed handshakes)");
+  t.def(
+      "tcp_link_now",
+      [](Communicator& c, int peer, double timeout_s) {
+        py::gil_scoped_release release;
+        c.tcp().link_now(peer, timeout_s);
+      },
+      py::arg("comm"), py::arg("peer"), py::arg("timeout_s"),
+      "makes this rank's TCP link to `peer` now, as a collective's first message to it would");
+  t.def(
+      "tcp_linked", [](Communicator& c) { return c.tcp().linked_peers(); }, py::arg("comm"),
+      "the peers this rank's TCP transport has a link to");
 }
 
 }  // namespace pycoll::python

@@ -95,8 +95,10 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
     throw_system_error("ftruncate(shared-memory segment)", __FILE__, __LINE__);
   void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
   if (base == MAP_FAILED) throw_system_error("mmap(shared-memory segment)", __FILE__, __LINE__);
-  segments_.assign(world, nullptr);
-  segments_[rank] = static_cast<uint8_t*>(base);
+  segments_.reset(new std::atomic<uint8_t*>[world]);
+  for (int r = 0; r < world; ++r) segments_[r].store(nullptr, std::memory_order_relaxed);
+  mapped_.reset(new int[world]);
+  segments_[rank].store(static_cast<uint8_t*>(base), std::memory_order_release);
 
   auto* cb = new (base) ControlBlock();
   cb->magic = kMagic;
@@ -112,13 +114,12 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
   cb->entered_seq.store(0);
   for (auto& d : cb->descs.slots) d.seq.store(0);
   cb->abort_state.store(0);
-  for (int p = 0; p < world; ++p) {
-    auto* ch = new (reinterpret_cast<uint8_t*>(base) + control + p * channel_stride_) Channel();
-    ch->head.store(0);
-    ch->tail.store(0);
-  }
+  // The channels' counters are not written: a memfd's pages read as zeros until written, and a counter
+  // of zero is what a new channel holds. Writing them would touch a page per peer of the world, where a
+  // rank of a ring uses two.
   pidfds_.resize(world);
   pids_.assign(world, 0);
+  fds_.assign(world, -1);
   pids_[rank] = getpid();
   send_head_.assign(world, 0);
   send_tail_seen_.assign(world, 0);
@@ -129,60 +130,71 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& config) : rank_
 
 ShmTransport::~ShmTransport() {
   for (int r = 0; r < world_; ++r)
-    if (segments_[r]) munmap(segments_[r], size_);
+    if (uint8_t* s = segments_[r].load(std::memory_order_acquire)) munmap(s, size_);
 }
 
-void ShmTransport::close_segment_fd() {
-  if (!fd_) return;
-  const int fd = fd_.release();
-  PYCOLL_CHECK_SYS(::close(fd));
-}
-
-void ShmTransport::connect(const std::vector<int>& pids, const std::vector<int>& fds) {
+void ShmTransport::set_peers(const std::vector<int>& pids, const std::vector<int>& fds) {
   if (static_cast<int>(pids.size()) != world_ || static_cast<int>(fds.size()) != world_)
-    throw Error(ErrorKind::kInvalidUsage, "connect() needs one pid and one fd per rank");
+    throw Error(ErrorKind::kInvalidUsage, "set_peers() needs one pid and one fd per rank");
+  std::lock_guard<std::mutex> lock(map_mu_);
   for (int r = 0; r < world_; ++r) {
-    if (r == rank_ || pids[r] <= 0) continue;  // pid 0: a rank of another host (CompositeTransport)
+    if (r == rank_) continue;
     pids_[r] = pids[r];
-    char path[64];
-    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pids[r], fds[r]);
-    UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
-    if (!fd) {
-      int err = errno;
-      throw Error(ErrorKind::kPeerLost,
-                  "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path +
-                      "): " + std::strerror(err) +
-                      ". All ranks of a host must run in one PID namespace as the same user; if rank " +
-                      std::to_string(r) + " exited, see its own error",
-                  r);
-    }
-    struct stat st;
-    if (fstat(fd.get(), &st) < 0 || static_cast<size_t>(st.st_size) != size_)
-      throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
-                                            "'s shared-memory segment has another size: the ranks were "
-                                            "configured differently (PYCOLL_SHM_SLOT_BYTES / PYCOLL_SHM_SLOTS "
-                                            "or world size)");
-    void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (base == MAP_FAILED) throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
-    fd.reset();  // the mapping holds the segment
-    segments_[r] = static_cast<uint8_t*>(base);
-    const ControlBlock* cb = control(r);
-    if (cb->magic != kMagic || cb->version != kVersion || cb->rank != r || cb->world != world_ ||
-        cb->slot_bytes != config_.slot_bytes || cb->slots != config_.slots)
-      throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
-                                            "'s shared-memory segment does not match this rank's "
-                                            "(different pycoll version, world size or slot configuration)");
-    pidfds_[r].reset(static_cast<int>(pidfd_open(pids[r])));  // -1 (ENOSYS/EPERM): fall back to /proc
+    fds_[r] = fds[r];
   }
 }
 
-ShmTransport::ControlBlock* ShmTransport::control(int r) const {
-  return reinterpret_cast<ControlBlock*>(segments_[r]);
+std::vector<int> ShmTransport::mapped_peers() const {
+  return std::vector<int>(mapped_.get(), mapped_.get() + n_mapped_.load(std::memory_order_acquire));
 }
 
-ShmTransport::Channel* ShmTransport::channel(int owner, int peer) const {
+uint8_t* ShmTransport::map_peer(int r) {
+  std::lock_guard<std::mutex> lock(map_mu_);
+  if (uint8_t* s = segments_[r].load(std::memory_order_acquire)) return s;  // mapped meanwhile
+  if (pids_[r] <= 0)
+    throw Error(ErrorKind::kInternal, "rank " + std::to_string(r) + " is not reached over shared memory");
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pids_[r], fds_[r]);
+  UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    const bool exited = err == ENOENT || err == ESRCH;
+    throw Error(ErrorKind::kPeerLost,
+                "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path +
+                    "): " + std::strerror(err) +
+                    (exited ? ": rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) +
+                                  ") has exited; see its own error"
+                            : ". All ranks of a host must run in one PID namespace as the same user"),
+                r);
+  }
+  struct stat st;
+  if (fstat(fd.get(), &st) < 0 || static_cast<size_t>(st.st_size) != size_)
+    throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
+                                          "'s shared-memory segment has another size: the ranks were "
+                                          "configured differently (PYCOLL_SHM_SLOT_BYTES / PYCOLL_SHM_SLOTS "
+                                          "or world size)");
+  void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) throw_system_error("mmap(peer segment)", __FILE__, __LINE__);
+  fd.reset();  // the mapping holds the segment
+  const auto* cb = static_cast<const ControlBlock*>(base);
+  if (cb->magic != kMagic || cb->version != kVersion || cb->rank != r || cb->world != world_ ||
+      cb->slot_bytes != config_.slot_bytes || cb->slots != config_.slots) {
+    munmap(base, size_);
+    throw Error(ErrorKind::kMismatch, "rank " + std::to_string(r) +
+                                          "'s shared-memory segment does not match this rank's "
+                                          "(different pycoll version, world size or slot configuration)");
+  }
+  pidfds_[r].reset(static_cast<int>(pidfd_open(pids_[r])));  // -1 (ENOSYS/EPERM): fall back to /proc
+  const int n = n_mapped_.load(std::memory_order_relaxed);
+  mapped_[n] = r;
+  n_mapped_.store(n + 1, std::memory_order_release);
+  segments_[r].store(static_cast<uint8_t*>(base), std::memory_order_release);
+  return static_cast<uint8_t*>(base);
+}
+
+ShmTransport::Channel* ShmTransport::channel(int owner, int peer) {
   size_t control_bytes = round_up(sizeof(ControlBlock), 4096);
-  return reinterpret_cast<Channel*>(segments_[owner] + control_bytes + peer * channel_stride_);
+  return reinterpret_cast<Channel*>(segment(owner) + control_bytes + peer * channel_stride_);
 }
 
 uint8_t* ShmTransport::slot(Channel* ch, uint64_t index) const {
@@ -259,8 +271,9 @@ bool ShmTransport::satisfied(const WaitItem& item, uint64_t* available) {
 
 void ShmTransport::wake_partial_waiters() {
   const uint64_t slots = config_.slots;
-  for (int q = 0; q < world_; ++q) {
-    if (q == rank_ || !segments_[q]) continue;
+  const int mapped = n_mapped_.load(std::memory_order_acquire);
+  for (int i = 0; i < mapped; ++i) {
+    const int q = mapped_[i];
     ControlBlock* cb = control(q);
     if (cb->sleeping.load(std::memory_order_relaxed) == 0) continue;
     uint32_t n = cb->n_waits.load(std::memory_order_acquire);
@@ -339,11 +352,13 @@ void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc, const 
 }
 
 bool ShmTransport::entry_stamp(int peer, uint64_t seq, EntryStamp* out) {
-  return segments_[peer] && control(peer)->descs.find_stamp(seq, out);
+  return pids_[peer] > 0 && control(peer)->descs.find_stamp(seq, out);
 }
 
+// A peer not mapped has published nothing this rank waits for (it never exchanged a fragment with it).
 bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out) {
-  return segments_[peer] && control(peer)->descs.find(seq, out);
+  const uint8_t* s = segments_[peer].load(std::memory_order_acquire);
+  return s && reinterpret_cast<const ControlBlock*>(s)->descs.find(seq, out);
 }
 
 // Every rank's abort record is read; the one raised is the first in rank order, unless a later one
@@ -351,8 +366,9 @@ bool ShmTransport::published_descriptor(int peer, uint64_t seq, Descriptor* out)
 void ShmTransport::throw_if_aborted() {
   const ControlBlock* raised = nullptr;
   for (int r = 0; r < world_; ++r) {
-    if (!segments_[r]) continue;
-    const ControlBlock* cb = control(r);
+    const uint8_t* s = segments_[r].load(std::memory_order_acquire);
+    if (!s) continue;
+    const auto* cb = reinterpret_cast<const ControlBlock*>(s);
     if (cb->abort_state.load(std::memory_order_acquire) != 2) continue;
     if (!raised || abort_supersedes(static_cast<ErrorKind>(raised->abort_kind), static_cast<ErrorKind>(cb->abort_kind)))
       raised = cb;
@@ -374,12 +390,15 @@ void ShmTransport::abort(const Error& error) {
   cb->abort_msg[kAbortMsgBytes - 1] = '\0';
   cb->abort_state.store(2, std::memory_order_release);
   for (int r = 0; r < world_; ++r)
-    if (r != rank_ && segments_[r]) wake(r);
+    if (r != rank_ && segments_[r].load(std::memory_order_acquire)) wake(r);
 }
 
+// The peers this rank exchanged fragments with (mapped): one that exited while this rank waits for it
+// never answers.
 void ShmTransport::check_peers_alive() {
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_ || pids_[r] == 0) continue;
+  const int mapped = n_mapped_.load(std::memory_order_acquire);
+  for (int i = 0; i < mapped; ++i) {
+    const int r = mapped_[i];
     bool dead = false;
     if (pidfds_[r]) {
       struct pollfd p = {pidfds_[r].get(), POLLIN, 0};
@@ -415,10 +434,19 @@ void ShmTransport::check_health(const WaitContext& ctx) {
                     [this](int peer, uint64_t seq, Descriptor* out) { return published_descriptor(peer, seq, out); });
 }
 
+// Maps every peer of this host (on the way to a timeout's message only): one that cannot be (it exited)
+// has not entered.
 std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
   std::vector<int> out;
-  for (int r = 0; r < world_; ++r)
-    if (segments_[r] && control(r)->entered_seq.load(std::memory_order_acquire) < seq) out.push_back(r);
+  for (int r = 0; r < world_; ++r) {
+    if (pids_[r] <= 0) continue;
+    bool entered = false;
+    try {
+      entered = control(r)->entered_seq.load(std::memory_order_acquire) >= seq;
+    } catch (const Error&) {
+    }
+    if (!entered) out.push_back(r);
+  }
   return out;
 }
 

@@ -14,11 +14,20 @@
 // publishes what it waits for, e.g. "half a ring of data from rank 3", and peers wake it only when that
 // is there (or when they go to sleep themselves): with more ranks than cores this turns one wake-up per
 // fragment into one per batch.
+//
+// A peer's segment is mapped when this rank first needs it (it sends to or receives from that peer, or
+// reads its announcements), not at set-up: a rank of a ring maps its two neighbours' segments, whatever
+// the world size, and a segment's pages are touched only where a channel carries fragments (a memfd's
+// pages read as zeros until written). So the owner keeps its segment's fd open for its peers to open
+// through /proc as long as the communicator lives. A peer whose process has exited cannot be mapped:
+// PeerLostError naming it.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,10 +52,11 @@ class ShmTransport final : public MemberTransport {
   // This rank's segment, for the others to map: the owner's pid, its fd, the size.
   int segment_fd() const { return fd_.get(); }
   size_t segment_size() const { return size_; }
-  // Map every peer's segment (pids[r], fds[r] as they published them; entries for this rank ignored).
-  void connect(const std::vector<int>& pids, const std::vector<int>& fds);
-  // Close the fd of this rank's own segment once every peer has mapped it.
-  void close_segment_fd();
+  // Where the peers' segments are (pids[r], fds[r] as they published them; pid 0: a rank of another host,
+  // which this transport does not serve; this rank's entry is ignored). Each is mapped at first use.
+  void set_peers(const std::vector<int>& pids, const std::vector<int>& fds);
+  // The peers whose segments are mapped here (for the tests: a ring maps two).
+  std::vector<int> mapped_peers() const;
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
@@ -79,8 +89,14 @@ class ShmTransport final : public MemberTransport {
   struct Channel;
 
  private:
-  ControlBlock* control(int r) const;
-  Channel* channel(int owner, int peer) const;  // owner's outbound channel to peer
+  // Rank r's segment, mapped at its first use (PeerLostError if its process has exited).
+  uint8_t* segment(int r) {
+    uint8_t* s = segments_[r].load(std::memory_order_acquire);
+    return s ? s : map_peer(r);
+  }
+  uint8_t* map_peer(int r);
+  ControlBlock* control(int r) { return reinterpret_cast<ControlBlock*>(segment(r)); }
+  Channel* channel(int owner, int peer);  // owner's outbound channel to peer
   uint8_t* slot(Channel* ch, uint64_t index) const;
   // After this rank moved its counter on the channel it shares with `peer` (room: it released a slot of
   // peer's ring; else it committed a fragment to peer), wake peer if that is what it sleeps for.
@@ -100,9 +116,16 @@ class ShmTransport final : public MemberTransport {
   UniqueFd fd_;
   size_t size_ = 0;
   size_t channel_stride_ = 0;
-  std::vector<uint8_t*> segments_;  // segments_[r]: rank r's segment mapped here
+  // segments_[r]: rank r's segment mapped here, or null. Written once (map_peer, under map_mu_); read by
+  // every thread (abort() comes from the fault plane's).
+  std::unique_ptr<std::atomic<uint8_t*>[]> segments_;
+  // The peers mapped, in the order they were: mapped_[0, n_mapped_). Room for every rank is made at the
+  // start, so that a thread reading it never sees it move (map_peer appends under map_mu_).
+  std::unique_ptr<int[]> mapped_;
+  std::atomic<int> n_mapped_{0};
+  mutable std::mutex map_mu_;
   std::vector<UniqueFd> pidfds_;    // none where pidfd_open is unavailable (then /proc is read)
-  std::vector<int> pids_;
+  std::vector<int> pids_, fds_;     // where each peer's segment is (set_peers)
   // Local copies of the ring counters, so the shared ones are read only when a ring looks full / empty.
   std::vector<uint64_t> send_head_, send_tail_seen_, recv_tail_, recv_head_seen_;
   Doorbell bell_;  // this rank's wake word and sleeping flag (in its control block)

@@ -20,16 +20,11 @@ TcpTransport::TcpTransport(int rank, int world, const TcpConfig& config, const s
   if (world < 1 || rank < 0 || rank >= world) throw Error(ErrorKind::kInvalidUsage, "bad rank or world size");
   if (config.slots < 2 || config.fragment_bytes < 4096)
     throw Error(ErrorKind::kInvalidUsage, "TCP transport needs >= 2 slots of >= 4096 bytes");
-  listen(bind_host);
+  listen_fd_ = listen_on(bind_host, std::max(64, std::min(world, 4096)), &listen_port_);
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   PYCOLL_CHECK_SYS(wake_fd_.get());
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) continue;
-    Peer& p = peers_[r];
-    p.send_ring.resize(slot_stride() * config.slots);
-    p.recv_ring.resize(slot_stride() * config.slots);
-    p.in_header.resize(sizeof(Frame));
-  }
+  addresses_.assign(world, "");
+  io_ = std::thread([this] { io_loop(); });  // it accepts connections once set_peers gave the key
 }
 
 TcpTransport::~TcpTransport() {
@@ -44,11 +39,11 @@ TcpTransport::~TcpTransport() {
     // collective would see the connection close before its data.
     // BYE tells the peers this is an orderly end, not a failure (they may still be finishing with others).
     for (int r = 0; r < world_ && orderly; ++r)
-      if (r != rank_) queue_control(r, kBye, nullptr, 0);
+      if (r != rank_ && peers_[r].link == Link::kUp) queue_control(r, kBye, nullptr, 0);
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
     auto flushed = [this] {
       for (const Peer& p : peers_)
-        if (!p.lost && p.fd && !p.out.empty()) return false;
+        if (!p.lost && p.link == Link::kUp && !p.out.empty()) return false;
       return true;
     };
     while (orderly && io_.joinable() && !flushed() && Clock::now() < deadline) {
@@ -99,9 +94,11 @@ uint8_t* TcpTransport::recv_slot(Peer& p, uint64_t i) {
 
 // ---- data plane ---------------------------------------------------------------------------------------
 
+// A peer not linked yet is wanted here: its link is made meanwhile, and fragments wait in its ring.
 void* TcpTransport::acquire_send(int peer) {
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
+  if (p.link == Link::kNone) want(peer);
   if (p.lost || p.committed - p.sent >= config_.slots) return nullptr;
   return send_slot(p, p.committed) + sizeof(Frame);
 }
@@ -121,6 +118,7 @@ void TcpTransport::commit_send(int peer, const FragHeader& h) {
 const void* TcpTransport::peek_recv(int peer, FragHeader* h) {
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[peer];
+  if (p.link == Link::kNone) want(peer);
   if (p.arrived == p.released) return nullptr;
   const uint8_t* slot = recv_slot(p, p.released);
   Frame f;
@@ -173,7 +171,7 @@ void TcpTransport::disarm() {
 
 void TcpTransport::queue_control(int peer, uint32_t type, const void* payload, size_t bytes) {
   Peer& p = peers_[peer];
-  if (p.lost || !p.fd) return;
+  if (p.lost || p.link == Link::kNone) return;
   Frame f{type, static_cast<uint32_t>(bytes), FragHeader{}};
   Outgoing o{-1, std::vector<uint8_t>(sizeof f + bytes)};
   std::memcpy(o.bytes.data(), &f, sizeof f);
@@ -190,12 +188,20 @@ void TcpTransport::begin_collective(uint64_t seq, const Descriptor& desc, const 
     std::lock_guard<std::mutex> lock(mu_);
     throw_if_aborted();
     entered_ = seq;
-    uint8_t payload[kEnterBytes];
-    std::memcpy(payload, &seq, sizeof seq);
-    std::memcpy(payload + sizeof seq, &desc, sizeof desc);
-    std::memcpy(payload + sizeof seq + sizeof desc, &stamp, sizeof stamp);
-    for (int r = 0; r < world_; ++r)
-      if (r != rank_) queue_control(r, kEnter, payload, sizeof payload);
+    enter_.resize(kEnterBytes);
+    std::memcpy(enter_.data(), &seq, sizeof seq);
+    std::memcpy(enter_.data() + sizeof seq, &desc, sizeof desc);
+    std::memcpy(enter_.data() + sizeof seq + sizeof desc, &stamp, sizeof stamp);
+    // To the peers linked or wanted (a link made later in the collective starts with it); to every peer
+    // when every peer's entry must be known (announce_to_all: skew recording).
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      if (peers_[r].link == Link::kNone) {
+        if (announce_all_) want(r);  // queues the ENTER itself
+        continue;
+      }
+      queue_control(r, kEnter, enter_.data(), enter_.size());
+    }
   }
   wake_io();
 }
@@ -259,9 +265,10 @@ void TcpTransport::abort(const Error& error) {
 
 std::vector<int> TcpTransport::ranks_not_entered(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int> out;
+  std::vector<int> out;  // of the ranks this one knows of: itself and its linked peers
   for (int r = 0; r < world_; ++r)
-    if ((r == rank_ || peers_[r].fd) && (r == rank_ ? entered_ : peers_[r].entered) < seq) out.push_back(r);
+    if ((r == rank_ || peers_[r].link == Link::kUp) && (r == rank_ ? entered_ : peers_[r].entered) < seq)
+      out.push_back(r);
   return out;
 }
 

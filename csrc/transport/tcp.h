@@ -1,4 +1,4 @@
-// TCP transport: ranks on different hosts, one full-duplex connection per pair of ranks.
+// TCP transport: ranks on different hosts, one full-duplex connection per pair of ranks that talk.
 //
 // Each direction of a connection has a ring of `slots` fragment buffers on each side: the executor writes
 // a fragment into a send slot and commits it; an I/O thread writes committed slots to the socket in
@@ -14,13 +14,18 @@
 // once and the connections are shut down, so that waiters here and on the peers raise PeerLostError
 // instead of timing out.
 //
-// Connections are made once (connect()): each rank dials the ranks below it and accepts the ranks above
-// it on its listening socket. Both ends prove they hold the job's key (from the rendezvous store, mixed
-// with PYCOLL_SECRET when that is set) without sending it: the dialer sends its rank and a random nonce,
-// the listener answers with its own nonce and an HMAC-SHA256 of both under the key, and the dialer
-// answers with its own HMAC (hmac.h; tcp_internal.h has the exact messages). A connection that fails (wrong
-// bytes, wrong proof, silence for 5 s) is closed and counted, and the rank keeps accepting; handshakes
-// run side by side, so stalled connections cannot hold the job back.
+// Links are made when a collective first needs them (tcp_links.cc), not at set-up: the executor's first
+// send to or receive from a peer *wants* it, and the I/O thread dials every wanted peer at once (a
+// fragment committed meanwhile waits in its ring). Each rank keeps listening for as long as it lives, and
+// whichever side needs the link first dials. Both ends prove they hold the job's key (from the rendezvous
+// store, mixed with PYCOLL_SECRET when that is set) without sending it: the dialer sends its rank and a
+// random nonce, the listener answers with its own nonce and an HMAC-SHA256 of both under the key, the
+// dialer answers with its own HMAC (hmac.h; tcp_internal.h has the exact messages), and the listener,
+// the dialer proven, gives its *verdict*: the link is this connection, or, when both ranks dialled each
+// other at once, the one the lower rank dialled (the higher rank's is closed: both ends decide alike). A
+// connection that fails its handshake (wrong bytes, wrong proof, silence for 5 s) is closed and counted;
+// handshakes run side by side, so stalled connections hold nobody back. A peer that cannot be dialled
+// (its process exited: the connection is refused) is lost: PeerLostError naming it.
 #pragma once
 
 #include <atomic>
@@ -55,11 +60,19 @@ class TcpTransport final : public MemberTransport {
   TcpTransport& operator=(const TcpTransport&) = delete;
 
   int listen_port() const { return listen_port_; }
-  // Connects to every peer (`addresses[r]`: "host:port" of rank r's listening socket; its own is ignored)
-  // and starts the I/O thread. Throws kTimeout naming the ranks not connected after timeout_s.
-  // `key` (at least 16 bytes) is what both ends of every connection prove they hold.
-  void connect(const std::vector<std::string>& addresses, const std::string& key, double timeout_s);
-  // Connections dropped during connect() because they did not prove they belong to the job.
+  // Where the peers listen (`addresses[r]`: "host:port" of rank r's listening socket; "" for a rank this
+  // transport does not serve, and its own, ignored) and the key (at least 16 bytes) both ends of every
+  // connection prove they hold; a dial that has not made a link after `dial_timeout_s` loses its peer.
+  // No connection is made here (see above).
+  void set_peers(const std::vector<std::string>& addresses, const std::string& key, double dial_timeout_s);
+  // Every collective announces itself to every peer (ENTER), which makes a link to each: what the skew
+  // recorder needs to learn every rank's entry time (engine/skew.h). Off: to the linked peers only.
+  void announce_to_all(bool on);
+  // For the tests: makes the link to `peer` now, waiting up to timeout_s (throws as a collective would:
+  // PeerLostError if it cannot be made, kTimeout after the timeout).
+  void link_now(int peer, double timeout_s);
+  // The peers linked now, and the connections dropped because they did not prove they belong to the job.
+  std::vector<int> linked_peers();
   uint64_t rejected_connections() const { return rejected_.load(); }
 
   int rank() const override { return rank_; }
@@ -92,8 +105,16 @@ class TcpTransport final : public MemberTransport {
     int64_t slot;                // a send slot, or -1 for a control frame
     std::vector<uint8_t> bytes;  // the control frame
   };
+  // A peer's link: none; wanted (to be dialled); dialling; waiting for the peer's own dial (ours was the
+  // duplicate); up; lost (lost, the member below).
+  enum class Link { kNone, kWanted, kDialing, kAwaiting, kUp };
+  struct Dial;      // a dial's handshake (tcp_links.cc)
+  struct Incoming;  // an accepted connection's handshake (tcp_links.cc)
   struct Peer {
     UniqueFd fd;
+    Link link = Link::kNone;
+    std::unique_ptr<Dial> dial;
+    int dial_attempts = 0;
     bool lost = false;
     bool finalized = false;  // the peer said BYE: its connection closing next is no failure
     std::string lost_why;
@@ -113,9 +134,15 @@ class TcpTransport final : public MemberTransport {
     DescriptorRing descs;             // the descriptors it announced
   };
 
-  void listen(const std::string& bind_host);  // opens listen_fd_ (tcp_listener.cc)
-  void accept_ranks_above(const std::vector<std::string>& addresses, const std::string& key,
-                          std::chrono::steady_clock::time_point deadline, double timeout_s);
+  // The links (tcp_links.cc), mu_ held.
+  void want(int peer);                    // the executor needs `peer`: dial it unless linked or dialling
+  void ensure_rings(Peer& p);             // the peer's rings, made when it is first wanted or linked
+  void link_up(int peer, UniqueFd fd);    // this connection is the link to `peer`
+  void start_dials();                     // every wanted peer not dialled yet is dialled now
+  void advance_dial(int peer);            // moves a dial's handshake on
+  void accept_incoming();                 // new connections to the listening socket
+  bool advance_incoming(Incoming& in);    // moves an accepted connection's handshake on (true: over)
+  void expire_dials(std::chrono::steady_clock::time_point now);
   size_t slot_stride() const;
   uint8_t* send_slot(Peer& p, uint64_t i);
   uint8_t* recv_slot(Peer& p, uint64_t i);
@@ -143,6 +170,12 @@ class TcpTransport final : public MemberTransport {
   int listen_port_ = 0;
   UniqueFd wake_fd_;
   std::vector<Peer> peers_;
+  std::vector<std::string> addresses_;  // set_peers (mu_)
+  std::string key_;                     // empty until set_peers: no connection is accepted before
+  std::chrono::steady_clock::duration dial_timeout_{};
+  std::vector<std::unique_ptr<Incoming>> incoming_;  // the I/O thread's own
+  bool announce_all_ = false;
+  std::vector<uint8_t> enter_;  // the last ENTER's payload, for a link made during its collective
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread io_;

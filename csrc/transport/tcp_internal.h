@@ -1,10 +1,9 @@
 // What the files of the TCP transport share and nobody else needs: the wire format of frames and of the
-// connection handshake, and small socket helpers.
+// connection handshake.
 //   tcp.cc            the Transport methods: set-up and teardown, data plane, waiting, announcements
-//   tcp_listener.cc   the listening socket, and accepting the ranks above this one (the listener's side
-//                     of the handshake)
-//   tcp_handshake.cc  dialing the ranks below this one (the dialer's side), the proofs both sides send
-//   tcp_io.cc         the I/O thread: frames between the rings and the sockets
+//   tcp_links.cc      the links: wanting, dialling and accepting peers, both sides of the handshake
+//   tcp_handshake.cc  the proofs both sides send, and socket tuning
+//   tcp_io.cc         the I/O thread: frames between the rings and the sockets, and the links' sockets
 #pragma once
 
 #include <netinet/in.h>
@@ -14,6 +13,7 @@
 #include <string>
 
 #include "transport/hmac.h"
+#include "transport/sockets.h"
 #include "transport/tcp.h"
 
 namespace pycoll {
@@ -38,9 +38,11 @@ struct AbortHead {
   int32_t peer;
 };
 
-// The connection handshake (see tcp.h): three messages, then the connection carries frames.
-constexpr uint64_t kHelloMagic = 0x32706374637970ull;  // "pyctcp2" (version 2: challenge-response)
-constexpr uint64_t kChallengeMagic = 0x32686374637970ull;
+// The connection handshake (see tcp.h): four messages, then the connection carries frames.
+constexpr uint64_t kHelloMagic = 0x33706374637970ull;  // "pyctcp3" (version 3: links made at first use)
+constexpr uint64_t kChallengeMagic = 0x33686374637970ull;
+constexpr uint64_t kVerdictLink = 0x6b6e696c746376ull;     // "vctlink": this connection is the link
+constexpr uint64_t kVerdictDouble = 0x6c627564746376ull;   // "vctdubl": both dialled; the lower rank's wins
 constexpr size_t kNonceBytes = 16;
 // A connection that has not finished its handshake after this long is dropped.
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
@@ -63,6 +65,9 @@ struct Challenge {  // listener -> dialer: its nonce, and its proof that it hold
 struct Proof {  // dialer -> listener
   uint8_t proof[32];
 };
+struct Verdict {  // listener -> dialer, once the dialer is proven
+  uint64_t verdict;
+};
 
 // HMAC of the key over who proves ('D'ialer or 'L'istener), the dialer's Hello (ranks, world, its nonce)
 // and the listener's nonce: fresh nonces on both sides make every proof good for one connection only,
@@ -70,17 +75,41 @@ struct Proof {  // dialer -> listener
 Digest handshake_proof(const std::string& key, char role, const Hello& hello, const uint8_t* listener_nonce);
 bool proof_matches(const uint8_t* got, const Digest& want);
 
-using Clock = std::chrono::steady_clock;
+using namespace ::pycoll::net;  // Clock, errno_text, ms_left ... (transport/sockets.h)
 
-// "what: <errno text>".
-std::string errno_text(const char* what);
-void set_nonblocking(int fd);
 // TCP_NODELAY and large socket buffers, for a connection that carries fragments.
 void tune(int fd);
-// Milliseconds until `deadline`, for poll(): at least 0, at most 1000.
-int ms_left(Clock::time_point deadline);
-// "a.b.c.d:port" as an IPv4 address; false if it is not one.
-bool parse_address(const std::string& text, sockaddr_in* out);
 
 }  // namespace tcp_detail
+
+// One attempt at dialling a peer, and what the attempts so far learned.
+struct TcpTransport::Dial {
+  enum Stage { kConnecting, kHello, kChallenge, kProof, kVerdict, kPaused };
+  UniqueFd fd;
+  Stage stage = kPaused;
+  size_t done = 0;
+  tcp_detail::Hello hello{};
+  tcp_detail::Challenge challenge{};
+  tcp_detail::Proof proof{};
+  tcp_detail::Verdict verdict{};
+  std::chrono::steady_clock::time_point give_up{};   // this attempt's handshake must be over by then
+  std::chrono::steady_clock::time_point deadline{};  // the peer counts as lost if no attempt made the link by then
+  std::chrono::steady_clock::time_point retry_at{};  // kPaused: the next attempt starts then
+  std::string last;              // why the last attempt failed
+  bool impostor = false;         // a listener answered at the address without the key
+};
+
+// A connection accepted on the listening socket, until its dialler is proven (or not).
+struct TcpTransport::Incoming {
+  enum Stage { kHello, kChallenge, kProof };
+  UniqueFd fd;
+  Stage stage = kHello;
+  size_t done = 0;
+  bool spoke = false;  // a whole Hello came
+  tcp_detail::Hello hello{};
+  tcp_detail::Challenge challenge{};
+  tcp_detail::Proof proof{};
+  std::chrono::steady_clock::time_point give_up{};
+};
+
 }  // namespace pycoll

@@ -30,6 +30,7 @@ void TcpTransport::mark_lost(Peer& p, const std::string& why) {
   p.lost = true;
   p.lost_why = why;
   p.out.clear();
+  wake_waiters(true);  // a rank waiting for it raises at once
 }
 
 bool TcpTransport::pump_out(Peer& p, std::unique_lock<std::mutex>& lock) {
@@ -186,50 +187,110 @@ void TcpTransport::fail_io(const std::string& why) {
 
 void TcpTransport::io_loop() {
   std::vector<struct pollfd> fds;
-  std::vector<int> owner;
+  std::vector<int> owner;  // per fd: -1 the wake fd, -2 the listener, -3 - i incoming_[i], r peer r's link,
+                           // world_ + r peer r's dial
+  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (stop_) return;
+    start_dials();
     fds.clear();
     owner.clear();
     fds.push_back({wake_fd_.get(), POLLIN, 0});
     owner.push_back(-1);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-      for (int r = 0; r < world_; ++r) {
-        Peer& p = peers_[r];
-        if (r == rank_ || p.lost || !p.fd) continue;
-        short events = 0;
-        const bool header_pending = p.in_offset < sizeof(Frame);
-        if (aborted_ || header_pending || p.arrived - p.released < config_.slots) events |= POLLIN;
-        if (!p.out.empty()) events |= POLLOUT;
-        fds.push_back({p.fd.get(), events, 0});
-        owner.push_back(r);
-      }
+    Clock::time_point wake_at = Clock::now() + std::chrono::milliseconds(100);
+    if (!key_.empty() && incoming_.size() < kMaxPending) {
+      fds.push_back({listen_fd_.get(), POLLIN, 0});
+      owner.push_back(-2);
     }
-    int rc = ::poll(fds.data(), fds.size(), 100);
-    if (rc < 0 && errno != EINTR) return fail_io(errno_text("poll"));
+    for (size_t i = 0; i < incoming_.size(); ++i) {
+      const bool writing = incoming_[i]->stage == Incoming::kChallenge;
+      fds.push_back({incoming_[i]->fd.get(), static_cast<short>(writing ? POLLOUT : POLLIN), 0});
+      owner.push_back(-3 - static_cast<int>(i));
+      wake_at = std::min(wake_at, incoming_[i]->give_up);
+    }
+    for (int r = 0; r < world_; ++r) {
+      Peer& p = peers_[r];
+      if (r == rank_ || p.lost) continue;
+      if (p.link == Link::kDialing) {
+        const Dial& d = *p.dial;
+        if (d.stage == Dial::kPaused) {
+          wake_at = std::min(wake_at, d.retry_at);
+          continue;
+        }
+        const bool reading = d.stage == Dial::kChallenge || d.stage == Dial::kVerdict;
+        fds.push_back({d.fd.get(), static_cast<short>(reading ? POLLIN : POLLOUT), 0});
+        owner.push_back(world_ + r);
+        wake_at = std::min(wake_at, d.give_up);
+        continue;
+      }
+      if (p.link != Link::kUp) continue;
+      short events = 0;
+      const bool header_pending = p.in_offset < sizeof(Frame);
+      if (aborted_ || header_pending || p.arrived - p.released < config_.slots) events |= POLLIN;
+      if (!p.out.empty()) events |= POLLOUT;
+      fds.push_back({p.fd.get(), events, 0});
+      owner.push_back(r);
+    }
+    lock.unlock();
+    const int rc = ::poll(fds.data(), fds.size(), ms_left(wake_at));
+    const int err = errno;
     if (fds[0].revents & POLLIN) {
       uint64_t drained;
       ssize_t k = ::read(wake_fd_.get(), &drained, sizeof drained);
       (void)k;
     }
-    bool progressed = false, ring = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      for (size_t i = 1; i < fds.size(); ++i) {
-        Peer& p = peers_[owner[i]];
+    if (rc < 0 && err != EINTR) {
+      errno = err;
+      fail_io(errno_text("poll"));
+      lock.lock();
+      continue;
+    }
+    lock.lock();
+    if (stop_) return;
+    bool progressed = false;
+    const size_t incoming_before = incoming_.size();
+    std::vector<bool> incoming_over(incoming_before, false);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      const int who = owner[i];
+      if (who == -2) {
+        if (fds[i].revents & POLLIN) accept_incoming();
+      } else if (who <= -3) {
+        const size_t k = static_cast<size_t>(-3 - who);
+        if (fds[i].revents && advance_incoming(*incoming_[k])) {
+          incoming_over[k] = true;
+          progressed = true;
+        }
+      } else if (who >= world_) {
+        const int r = who - world_;
+        Peer& p = peers_[r];
+        if (fds[i].revents && p.link == Link::kDialing && p.dial && p.dial->fd.get() == fds[i].fd) {
+          advance_dial(r);
+          progressed = true;
+        }
+      } else {
+        Peer& p = peers_[who];
+        if (p.link != Link::kUp || p.fd.get() != fds[i].fd) continue;
         // A frame whose bytes all arrived while the receive ring was full (an empty fragment: just its
         // header) completes once there is room, with nothing more to read: no POLLIN will say so.
         const bool pending = p.in_offset >= sizeof(Frame);
-        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || pending) progressed |= pump_in(owner[i], p, lock);
+        if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || pending) progressed |= pump_in(who, p, lock);
         if (fds[i].revents & (POLLOUT | POLLHUP | POLLERR)) progressed |= pump_out(p, lock);
         // Frames committed while poll() slept go out now rather than after another round trip.
         if (!p.out.empty() && !(fds[i].revents & POLLOUT)) progressed |= pump_out(p, lock);
       }
-      // A composite's sleeper is woken for what it waits for here, not for every frame.
-      ring = progressed && armed_ && (armed_any_ || ready(armed_items_.data(), armed_items_.size()));
     }
-    if (progressed) wake_waiters(ring);
+    // Connections accepted in this pass start their handshake at once (the Hello is usually there).
+    for (size_t k = incoming_before; k < incoming_.size(); ++k) incoming_over.push_back(advance_incoming(*incoming_[k]));
+    for (size_t k = incoming_over.size(); k-- > 0;)
+      if (incoming_over[k]) incoming_.erase(incoming_.begin() + static_cast<std::ptrdiff_t>(k));
+    expire_dials(Clock::now());
+    // A composite's sleeper is woken for what it waits for here, not for every frame.
+    const bool ring = progressed && armed_ && (armed_any_ || ready(armed_items_.data(), armed_items_.size()));
+    if (progressed) {
+      lock.unlock();
+      wake_waiters(ring);
+      lock.lock();
+    }
   }
 }
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import DTypeLike
-
-    from pycoll.bench.collectives import Collective
 else:
     DTypeLike = Any
 
@@ -130,13 +128,21 @@ class Inputs:
         raise NotImplementedError
 
 
+class ExactCollective(Protocol):
+    """What ``ExactInputs`` asks of a collective (a ``pycoll.bench.collectives.Collective``)."""
+
+    def check_op(self, op: str) -> None: ...
+    def exact_input(self, op: str, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray: ...
+    def exact_expected(self, op: str, rank: int, world: int, count: int, dtype: DTypeLike) -> np.ndarray: ...
+
+
 class ExactInputs(Inputs):
     """Inputs whose collective with ``op`` is exact in the element type, and its closed form
     (``exact_input`` / ``exact_expected``): any differing element is wrong. With ``op="sum"`` on float32
     these are ``rank_input`` / ``expected_sum``. ``collective``: a ``pycoll.bench.collectives.Collective``
     whose ``exact_input`` / ``exact_expected`` say what its ranks give and get (None: the all-reduce)."""
 
-    def __init__(self, op: str = "sum", collective: Collective | None = None) -> None:
+    def __init__(self, op: str = "sum", collective: ExactCollective | None = None) -> None:
         if collective is not None:
             collective.check_op(op)
         elif op not in REDOPS:

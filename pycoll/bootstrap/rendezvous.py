@@ -50,27 +50,19 @@ from pycoll.bootstrap.store import (
     TCPStoreServer,
     TorchStoreAdapter,
 )
-from pycoll.errors import CollectiveMismatchError, CollectiveTimeoutError, InvalidUsageError
+from pycoll.errors import CollectiveMismatchError, CollectiveTimeoutError, InvalidUsageError, ranks_text
 
 __all__ = ["RDZV_PREFIX", "rendezvous", "rendezvous_file_path", "store_barrier"]
 
 #: Keys written by ``rendezvous`` live under this prefix.
 RDZV_PREFIX = "pycoll/rdzv"
 
-_MAX_NAMED_RANKS = 32
 
 logger = logging.getLogger("pycoll.bootstrap")
 
 
 def _fmt(seconds: float) -> str:
     return f"{seconds:.2f} s"
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    shown = ", ".join(str(r) for r in ranks[:_MAX_NAMED_RANKS])
-    if len(ranks) > _MAX_NAMED_RANKS:
-        shown += f", ... ({len(ranks)} in all)"
-    return shown
 
 
 def store_barrier(
@@ -110,7 +102,7 @@ def store_barrier(
             except Exception:  # noqa: BLE001 - the timeout is the error to report
                 missing = None
         if missing:
-            who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {_ranks_text(missing)}"
+            who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {ranks_text(missing)}"
             verb = "has" if len(missing) == 1 else "have"
             detail = f"{who} of {world} {verb} not arrived"
         else:

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from pycoll.call import COMPRESSIBLE_DTYPES
 from pycoll.codes import KIND_CODES as KIND_CODES  # (re-exported: the codes live in pycoll.codes)
 from pycoll.codes import ROTATION_CODES as ROTATION_CODES
 from pycoll.codes import ROUNDING_CODES as ROUNDING_CODES
@@ -41,8 +40,9 @@ MIN_BLOCK, MAX_BLOCK = 8, 4096
 #: The largest block a rotation takes (csrc/kernels/rotation.h kMaxRotationBlock).
 MAX_ROTATION_BLOCK = 256
 
-#: Input dtypes every codec accepts (accumulation is always float32): pycoll.call's rule.
-CODEC_DTYPES = COMPRESSIBLE_DTYPES
+#: Input dtypes every codec accepts: its messages are float32 sums (float16 and bfloat16 are widened first
+#: and rounded back once at the end). pycoll.call's rule of what may be compressed starts from it.
+CODEC_DTYPES = ("float32", "float16", "bfloat16")
 
 # Defaults chosen from the error-vs-wire-bytes table in docs/compression.md ("Choosing block sizes"): the
 # largest blocks whose two-shot error on Gaussian data stays >= 10% under the targets (int8 1%, int4 15%) at

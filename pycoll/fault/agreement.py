@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pycoll.errors import CollectiveTimeoutError
-
-if TYPE_CHECKING:
-    from pycoll.fault.plane import Plane
+from pycoll.fault.members import Members
 
 _KEEP = 64  # agreements remembered (a member far behind asks about recent ones only)
 
@@ -64,7 +62,7 @@ class Decision:
 class Agreements:
     """The agreement state of one plane; every method runs with ``plane.lock`` held."""
 
-    def __init__(self, plane: Plane) -> None:
+    def __init__(self, plane: Members) -> None:
         self.plane = plane
         self.count = 0  # agreements this member has entered
         self.proposals: dict[int, dict[int, dict[str, Any]]] = {}

@@ -12,18 +12,16 @@ from __future__ import annotations
 import base64
 import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pycoll.errors import CollectiveTimeoutError, PeerLostError
-
-if TYPE_CHECKING:
-    from pycoll.fault.plane import Plane
+from pycoll.fault.members import Members
 
 
 class KvServer:
     """Rank 0's store (and every rank's pending requests); every method runs with ``plane.lock`` held."""
 
-    def __init__(self, plane: Plane) -> None:
+    def __init__(self, plane: Members) -> None:
         self.plane = plane
         self.data: dict[str, bytes] = {}
         self.parked: list[tuple[int, dict[str, Any]]] = []  # waits / gets for keys not there yet
@@ -78,10 +76,16 @@ class KvServer:
 _ids = itertools.count(1)
 
 
+class StoreMembers(Members, Protocol):
+    """A plane that holds a KvServer (its rank 0's serves the store)."""
+
+    kv: KvServer
+
+
 class PlaneStore:
     """The ``Store`` interface over a plane's rank-0 store."""
 
-    def __init__(self, plane: Plane, timeout: float) -> None:
+    def __init__(self, plane: StoreMembers, timeout: float) -> None:
         self.plane = plane
         self.timeout = timeout
 

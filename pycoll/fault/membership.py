@@ -7,9 +7,12 @@ The parts, named once:
 - **decision**: an agreement on old's plane (pycoll/fault/agreement.py): for a shrink, who is dead; for a
   grow, which joiners every member holds. Its payloads carry a random **nonce** from every survivor; the
   new plane's token is a hash of them, so a process left out of the decision cannot reach the new plane.
-- **build**: forming new's plane, then new itself (its shared memory and TCP connections, set up through
-  the new plane's store, pycoll/fault/kvstore.py, not the job's rendezvous store, which may have died
-  with rank 0).
+- **change**: what a change needs of old (``Change``: its plane, rank, size and epoch, how to revoke it,
+  its joiners) and the way to build new (``Change.build``), which the communicator hands in: this module
+  never sees a Communicator.
+- **build**: forming new's plane, then new itself (``Change.build``: its shared memory and TCP links, set
+  up through the new plane's store, pycoll/fault/kvstore.py, not the job's rendezvous store, which may
+  have died with rank 0).
 - **commit**: a second agreement on old's plane on whether every survivor's build succeeded (and no one
   was lost meanwhile). Committed: new is returned and old is finalized. Not committed: new is dropped;
   a shrink tries again with what it has learned, a grow raises and old stays usable (atomic).
@@ -20,7 +23,6 @@ The parts, named once:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import secrets
@@ -28,7 +30,8 @@ import select
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, TypeVar
 
 from pycoll.errors import (
     CollectiveTimeoutError,
@@ -44,45 +47,41 @@ from pycoll.fault.plane import Plane, form
 
 if TYPE_CHECKING:
     from pycoll.bootstrap import Store
-    from pycoll.comm import Communicator
     from pycoll.env import Settings
 
 log = logging.getLogger("pycoll")
 
 
+class Member(Protocol):
+    """What this module asks of the communicator a change builds: that it can be finalized."""
+
+    def finalize(self) -> None: ...
+
+
+M = TypeVar("M", bound=Member)
+
+
+@dataclass(frozen=True)
+class Change(Generic[M]):
+    """What a membership change needs of the communicator it starts from (old), and the way to build the
+    next one (new)."""
+
+    plane: Plane
+    rank: int
+    world_size: int
+    epoch: int
+    #: old's deadline of set-up and collectives (a joiner's new communicator takes it too).
+    timeout: float
+    revoke: Callable[[str], None]
+    check_usable: Callable[[], None]
+    joiners: Joiners
+    #: new, formed over its plane and that plane's store: build(store, rank, world, plane, epoch, parents).
+    build: Callable[[Store, int, int, Plane, int, tuple[int, ...]], M]
+
+
 def member_info(listener: ControlListener, host: str) -> dict[str, Any]:
+    """What a plane's members know of one another: its control address, host and pid."""
     return {"address": listener.address, "host": host, "pid": os.getpid()}
-
-
-def initial_plane(
-    store: Store,
-    rank: int,
-    world: int,
-    host: str,
-    addresses: tuple[str, str],
-    settings: Settings,
-    timeout: float,
-) -> Plane:
-    """The fault plane of a communicator formed through the job's store (``pycoll.init``)."""
-    listener = listener_for(addresses[0], addresses[1], settings.secret)
-    if rank == 0:
-        store.set(
-            "control/plane", json.dumps({"id": secrets.token_hex(8), "token": secrets.token_hex(16)}).encode()
-        )
-    plane = json.loads(store.get("control/plane", timeout))
-    store.set(f"control/{rank}", json.dumps(member_info(listener, host)).encode())
-    members = [json.loads(store.get(f"control/{r}", timeout)) for r in range(world)]
-    deadline = time.monotonic() + timeout
-    return form(
-        listener,
-        rank,
-        world,
-        members,
-        f"{plane['id']}/e0",
-        plane["token"],
-        settings.heartbeat_timeout_s,
-        deadline,
-    )
 
 
 def _new_plane_id(plane: Plane, decision_payloads: dict[int, Any], epoch: int) -> tuple[str, str]:
@@ -93,7 +92,7 @@ def _new_plane_id(plane: Plane, decision_payloads: dict[int, Any], epoch: int) -
 
 
 def _build(
-    old: Communicator,
+    old: Change[M],
     members: list[dict[str, Any]],
     rank: int,
     plane_id: str,
@@ -101,31 +100,21 @@ def _build(
     parent_ranks: tuple[int, ...],
     deadline: float,
     gone: Any,
-) -> Communicator:
-    settings = old.settings
+) -> M:
     plane = form(
-        old.plane_required().listener,
+        old.plane.listener,
         rank,
         len(members),
         members,
         plane_id,
         token,
-        settings.heartbeat_timeout_s,
+        old.plane.heartbeat_timeout,
         deadline,
         gone,
     )
     try:
-        return type(old)(
-            PlaneStore(plane, max(0.1, deadline - time.monotonic())),
-            rank,
-            len(members),
-            timeout=old.timeout,
-            settings=settings,
-            plane=plane,
-            epoch=old.epoch + 1,
-            parent_ranks=parent_ranks,
-            addresses=old.addresses,
-        )
+        store = PlaneStore(plane, max(0.1, deadline - time.monotonic()))
+        return old.build(store, rank, len(members), plane, old.epoch + 1, parent_ranks)
     except BaseException:
         plane.close()
         raise
@@ -139,18 +128,18 @@ def _any_dead(plane: Plane, members: tuple[int, ...]) -> str | None:
     return None
 
 
-def _commit(old: Communicator, new: Communicator | None, survivors: list[int], left: float) -> bool:
+def _commit(old: Change[M], new: M | None, survivors: list[int], left: float) -> bool:
     """The commit agreement: True when every survivor built ``new`` and none of them was lost."""
-    plane = old.plane_required()
-    d = plane.agreements.agree(new is not None, None, left)
+    d = old.plane.agreements.agree(new is not None, None, left)
     ok = d.flag and not (d.dead & set(survivors))
     if not ok and new is not None:
         new.finalize()
     return ok
 
 
-def shrink(old: Communicator, timeout: float) -> Communicator:
-    plane = old.plane_required()
+def shrink(old: Change[M], timeout: float) -> M:
+    """The survivors' communicator (the caller replaces old with it)."""
+    plane = old.plane
     plane.raise_if_evicted()
     old.revoke(f"rank {old.rank} is shrinking the communicator")
     deadline = time.monotonic() + timeout
@@ -164,7 +153,7 @@ def shrink(old: Communicator, timeout: float) -> Communicator:
         epoch = old.epoch + 1
         plane_id, token = _new_plane_id(plane, d.payloads, epoch)
         members = [plane.members[r] for r in survivors]
-        new: Communicator | None = None
+        new: M | None = None
         try:
             new = _build(
                 old,
@@ -184,11 +173,10 @@ def shrink(old: Communicator, timeout: float) -> Communicator:
                 "rank %d: shrunk from %d to %d ranks (epoch %d; lost %s)",
                 old.rank,
                 old.world_size,
-                new.world_size,
-                new.epoch,
+                len(survivors),
+                epoch,
                 sorted(d.dead),
             )
-            old.replaced_by(new)
             return new
 
 
@@ -250,8 +238,9 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
-def grow(old: Communicator, timeout: float, min_joiners: int, max_joiners: int | None = None) -> Communicator:
-    plane = old.plane_required()
+def grow(old: Change[M], timeout: float, min_joiners: int, max_joiners: int | None = None) -> M:
+    """The communicator with the joiners (the caller replaces old with it)."""
+    plane = old.plane
     old.check_usable()
     joiners_here = old.joiners
     deadline = time.monotonic() + timeout
@@ -308,9 +297,10 @@ def grow(old: Communicator, timeout: float, min_joiners: int, max_joiners: int |
                 return f"the joining process {j['id']} went away"
         return None
 
-    new: Communicator | None = None
+    new: M | None = None
+    parents = tuple(range(world)) + (-1,) * len(joiners)
     try:
-        new = _build(old, members, old.rank, plane_id, token, tuple(range(world)), deadline, gone)
+        new = _build(old, members, old.rank, plane_id, token, parents, deadline, gone)
     except PycollError as exc:
         log.warning("rank %d: grow failed (%s); the communicator stays as it was", old.rank, exc)
     ok = _commit(old, new, list(range(world)), max(0.1, deadline - time.monotonic()))
@@ -324,18 +314,14 @@ def grow(old: Communicator, timeout: float, min_joiners: int, max_joiners: int |
             "formed; the communicator is unchanged"
         )
     assert new is not None
-    new.parent_ranks = tuple(range(world)) + (-1,) * len(joiners)
-    log.info("rank %d: grew from %d to %d ranks (epoch %d)", old.rank, world, new.world_size, new.epoch)
-    old.replaced_by(new)
+    log.info("rank %d: grew from %d to %d ranks (epoch %d)", old.rank, world, len(members), epoch)
     return new
 
 
-def join(
-    make: type[Communicator], address: str, settings: Settings, timeout: float, host: str
-) -> Communicator:
+def join(make: Callable[..., M], address: str, settings: Settings, timeout: float, host: str) -> M:
     """The joining process: asks a member at ``address`` (or one of several, comma-separated, or a file
-    listing them) to be admitted, then takes part in the members' grow. ``make``: the Communicator class
-    (passed in, so that this module never imports pycoll.comm, which imports it)."""
+    listing them) to be admitted, then takes part in the members' grow. ``make``: builds the communicator
+    (the Communicator class, passed in: this module never imports pycoll.comm, which imports it)."""
     deadline = time.monotonic() + timeout
     candidates = _join_addresses(address)
     last: Exception | None = None

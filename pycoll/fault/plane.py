@@ -4,14 +4,18 @@ a failure detector, revocation, eviction, and the messages agreement and members
 The parts, named once and used by these names below:
 
 - **members**: ranks 0..world-1 of this plane, each with its control ``address``, ``host`` and ``pid``.
-- **link**: the one connection between this rank and a member; all frames to and from it.
+- **links**: the connections between this rank and the members, native (``_C.ControlLinks``,
+  csrc/fault/links.h): formed (every dial at once), read, written and watched by a native I/O thread that
+  never needs the GIL; this module reads the *events* it makes (a frame, a link closed, a link silent).
 - **detector**: a member is *dead* once its link closes (the kernel closes a killed process's sockets at
   once), once it was silent for ``heartbeat_timeout`` seconds (stopped, hung, cut off), or once another
-  member reports it dead. Every link carries a heartbeat every ``heartbeat_timeout / 10`` seconds. A
-  member found dead by silence may still be alive: it is *evicted* (sent ``evict`` before its link is
-  closed), so "dead" is final and the same on every member eventually. A member that sends ``bye``
-  (finalize) has *left*: not a failure. When this process itself was stopped (the loop saw a gap longer
-  than half the timeout), silence is not counted for that gap.
+  member reports it dead. The links' thread sends a heartbeat on every link that sent nothing for a fifth
+  of the timeout, so a member is silent only when its process (or host) stops: never because its Python
+  is busy (a long C call that holds the GIL, a pickling of a checkpoint), which holds up this module's
+  thread, not the links'. A member found dead by silence may still be alive: it is *evicted* (sent
+  ``evict`` before its link is closed), so "dead" is final and the same on every member eventually. A
+  member that sends ``bye`` (finalize) has *left*: not a failure. When this process itself was stopped
+  (the links' thread saw a gap longer than half the timeout), silence is not counted for that gap.
 - **revoke**: local, idempotent; broadcast to every live member, who revoke too. Revoking or finding a
   member dead calls the plane's *listeners* (the communicator aborts its native transport with them, so
   every pending and later collective raises).
@@ -25,17 +29,18 @@ the messages the plane hands them, under the plane's lock; the plane's thread ne
 from __future__ import annotations
 
 import atexit
-import functools
+import json
 import logging
-import selectors
-import socket
 import threading
 import time
 import weakref
 from typing import Any, Callable
 
-from pycoll.errors import EvictedError, PeerLostError
+from pycoll import _C
+from pycoll.errors import CollectiveTimeoutError, EvictedError, PeerLostError, ranks_text
 from pycoll.fault import wire
+from pycoll.fault.agreement import Agreements
+from pycoll.fault.kvstore import KvServer
 from pycoll.fault.listener import ControlListener
 
 log = logging.getLogger("pycoll")
@@ -43,6 +48,8 @@ log = logging.getLogger("pycoll")
 #: Messages of kinds no handler was set for yet that a plane keeps (a quicker peer's, while this rank sets
 #: its handlers up); past this many, they are dropped.
 _UNCLAIMED_MAX = 4096
+#: How long leaving the plane waits for its goodbyes to be written.
+_FLUSH_S = 2.0
 
 Listener = Callable[[str, int, str], None]  # (kind: "dead" | "revoked" | "evicted", rank, why)
 
@@ -56,28 +63,21 @@ class Plane:
         world: int,
         plane_id: str,
         token: str,
-        links: dict[int, socket.socket],
+        links: Any,
         members: list[dict[str, Any]],
         listener: ControlListener,
         heartbeat_timeout: float,
     ) -> None:
-        from pycoll.fault.agreement import Agreements
-        from pycoll.fault.kvstore import KvServer
-
         self.rank, self.world, self.id, self.token = rank, world, plane_id, token
         self.members = members
         self.listener = listener
         self.heartbeat_timeout = heartbeat_timeout
-        self._interval = max(0.01, heartbeat_timeout / 10)
         self.lock = threading.RLock()
         self.cv = threading.Condition(self.lock)
-        self._links = links
-        self._send_locks = {r: threading.Lock() for r in links}
-        self._inbuf = {r: bytearray() for r in links}
-        now = time.monotonic()
-        self._heard = dict.fromkeys(links, now)
-        self._sent = dict.fromkeys(links, now)
-        #: Dead members and why (final).
+        self._native = links  # _C.ControlLinks, formed
+        self._linked = set(range(world)) - {rank}  # members whose link this rank has not dropped
+        self._handled = 0  # the links' events this plane's thread has handled (settle)
+        #: Dead members and why (final), in the order they were found dead.
         self.dead: dict[int, str] = {}
         #: Members that left cleanly (finalize).
         self.left: set[int] = set()
@@ -92,8 +92,6 @@ class Plane:
         self.kv = KvServer(self)
         self._closed = False
         self._leaving = False
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"pycoll-control-{rank}", daemon=True)
         self._thread.start()
         _open.add(self)
@@ -128,23 +126,22 @@ class Plane:
 
     def send(self, peer: int, msg: dict[str, Any]) -> bool:
         """Sends to one member; False if its link is gone (it is then found dead)."""
-        sock = self._links.get(peer)
-        if sock is None or peer in self.dead or peer in self.left:
+        if peer not in self._linked or peer in self.dead or peer in self.left:
             return False
-        data = wire.encode(msg)
-        try:
-            with self._send_locks[peer]:
-                sock.sendall(data)
-        except OSError as exc:
-            self.found_dead(peer, f"its control link failed ({exc})")
-            return False
-        self._sent[peer] = time.monotonic()
-        return True
+        if self._native.send(peer, wire.body(msg)):
+            return True
+        if peer in self._linked:
+            self.found_dead(peer, "its control link failed, or it stopped reading what it is sent")
+        return False
 
     def broadcast(self, msg: dict[str, Any], skip: tuple[int, ...] = ()) -> None:
-        for r in list(self._links):
-            if r not in skip:
-                self.send(r, msg)
+        body = wire.body(msg)
+        with self.lock:
+            targets = sorted(self._linked)
+        for r in targets:
+            if r not in skip and r not in self.dead and r not in self.left:
+                if not self._native.send(r, body) and r in self._linked:
+                    self.found_dead(r, "its control link failed, or it stopped reading what it is sent")
 
     def raise_if_evicted(self) -> None:
         if self.evicted is not None:
@@ -154,19 +151,17 @@ class Plane:
             )
 
     def settle(self, timeout: float = 0.2) -> None:
-        """Returns once the plane's thread has read what already arrived (so that an ``evict`` waiting in a
-        link is seen before an error is reported), or after ``timeout``."""
-        if threading.current_thread() is self._thread:
+        """Returns once the plane's thread has handled what already arrived (so that an ``evict`` waiting in
+        a link is seen before an error is reported), or after ``timeout``."""
+        if threading.current_thread() is self._thread or self._closed:
             return
+        target = self._native.settle()
+        deadline = time.monotonic() + timeout
         with self.cv:
-            target = self._rounds + 2
-            self._wake()
-            deadline = time.monotonic() + timeout
-            while self._rounds < target and not self._closed:
+            while self._handled < target and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                self._wake()  # each round must be woken: a quiet plane would sleep a heartbeat interval
                 self.cv.wait(left)
 
     # ---- failures ----------------------------------------------------------------------------------
@@ -181,17 +176,13 @@ class Plane:
                 self._drop(peer)
                 return
             self.dead[peer] = why
-            sock = self._links.get(peer)
+            linked = peer in self._linked
             self.cv.notify_all()
         log.warning("pycoll: rank %d of plane %s: rank %d is lost (%s)", self.rank, self.id, peer, why)
-        if sock is not None:
-            try:
-                with self._send_locks[peer]:
-                    sock.settimeout(0.2)
-                    sock.sendall(wire.encode({"t": "evict", "why": f"rank {self.rank} found it lost: {why}"}))
-            except OSError:
-                pass
-            self._drop(peer)
+        if linked:
+            evict = {"t": "evict", "why": f"rank {self.rank} found it lost: {why}"}
+            self._native.send(peer, wire.body(evict))
+            self._drop(peer)  # once the eviction is written (at most 0.2 s)
         if tell:
             self.broadcast({"t": "lost", "rank": peer, "why": why})
         self._notify("dead", peer, why)
@@ -225,75 +216,30 @@ class Plane:
                 log.debug("fault-plane listener failed", exc_info=True)
 
     # ---- the plane's thread ------------------------------------------------------------------------
-    _rounds = 0
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-
     def _loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ, -1)
-        for r, sock in self._links.items():
-            sock.settimeout(2.0)  # sends to a stopped peer give up (and find it dead) after this
-            sel.register(sock, selectors.EVENT_READ, r)
-        self._selector = sel
-        last = time.monotonic()
         while not self._closed:
-            events = sel.select(self._interval)
-            now = time.monotonic()
-            if now - last > self.heartbeat_timeout / 2:
-                # This process was stopped (or starved): the silence it saw is its own, not its peers'.
-                self._heard = dict.fromkeys(self._heard, now)
-            last = now
-            for key, _ in events:
-                if key.data == -1:
+            for peer, kind, data in self._native.take(1.0):  # the GIL is released while it waits
+                if kind == "f":
                     try:
-                        self._wake_r.recv(4096)
-                    except OSError:
-                        pass
-                else:
-                    self._read(key.data)
-            self._heartbeat(now)
-            with self.cv:
-                self._rounds += 1
-                self.cv.notify_all()
-        sel.close()
-
-    def _read(self, peer: int) -> None:
-        sock = self._links.get(peer)
-        if sock is None:
-            return
-        try:
-            chunk = sock.recv(1 << 16)
-        except (BlockingIOError, socket.timeout):
-            return
-        except OSError as exc:
-            chunk, err = b"", str(exc)
-        else:
-            err = "its control link closed: the process exited or was killed"
-        if not chunk:
-            self._drop(peer)
-            if peer not in self.left:
-                self.found_dead(peer, err)
-            return
-        self._heard[peer] = time.monotonic()
-        buf = self._inbuf[peer]
-        buf += chunk
-        try:
-            frames = wire.decode_frames(buf)
-        except ValueError as exc:
-            self.found_dead(peer, f"it sent a malformed control frame ({exc})")
-            return
-        for msg in frames:
-            self._handle(peer, msg)
+                        msg = json.loads(data)
+                        if not isinstance(msg, dict):
+                            raise ValueError("not a JSON object")
+                    except ValueError as exc:
+                        self.found_dead(peer, f"it sent a malformed control frame ({exc})")
+                    else:
+                        self._handle(peer, msg)
+                elif kind == "c":
+                    self._drop(peer)
+                    if peer not in self.left:
+                        self.found_dead(peer, data.decode(errors="replace"))
+                elif kind == "s":
+                    self.found_dead(peer, f"it was silent for {data.decode()} s (stopped or hung)")
+                with self.cv:
+                    self._handled += 1
+                    self.cv.notify_all()
 
     def _handle(self, peer: int, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
-        if kind == "heartbeat":
-            return
         if kind == "bye":
             with self.cv:
                 self.left.add(peer)
@@ -333,27 +279,12 @@ class Plane:
             elif len(self._unclaimed) < _UNCLAIMED_MAX:  # for a handler not set yet (set up after the plane)
                 self._unclaimed.append((peer, msg))
 
-    def _heartbeat(self, now: float) -> None:
-        for r in list(self._links):
-            if now - self._sent.get(r, 0.0) >= self._interval:
-                self.send(r, {"t": "heartbeat"})
-            if r in self._links and now - self._heard.get(r, now) > self.heartbeat_timeout:
-                self.found_dead(r, f"it was silent for {now - self._heard[r]:.1f} s (stopped or hung)")
-
     def _drop(self, peer: int) -> None:
-        sock = self._links.pop(peer, None)
-        if sock is None:
-            return
-        sel = getattr(self, "_selector", None)
-        if sel is not None:
-            try:
-                sel.unregister(sock)
-            except (KeyError, ValueError, OSError):
-                pass
-        try:
-            sock.close()
-        except OSError:
-            pass
+        with self.lock:
+            if peer not in self._linked:
+                return
+            self._linked.discard(peer)
+        self._native.drop(peer)
 
     # ---- teardown ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -364,14 +295,11 @@ class Plane:
         self._leaving = True  # from here on, links that close are the members answering the goodbye
         self.broadcast({"t": "bye"})
         self._closed = True
-        self._wake()
+        self._native.close(_FLUSH_S)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=2.0)
-        for r in list(self._links):
-            self._drop(r)
-        self._wake_r.close()
-        self._wake_w.close()
         with self.cv:
+            self._linked.clear()
             self.cv.notify_all()
 
 
@@ -386,6 +314,7 @@ def _leave_all() -> None:
     for plane in list(_open):
         plane._leaving = True
         plane.broadcast({"t": "bye"})
+        plane._native.close(_FLUSH_S)
 
 
 def form(
@@ -399,24 +328,28 @@ def form(
     deadline: float,
     gone: Callable[[int], str | None] = lambda r: None,
 ) -> Plane:
-    """Forms the mesh: dials every member below ``rank``, waits for those above to dial in.
-    ``gone(r)`` says why member r will never come (known dead), or None."""
-    links: dict[int, socket.socket] = {}
+    """Forms the mesh: every member below ``rank`` is dialled at once, and those above dial in (native:
+    ``_C.ControlLinks``). ``gone(r)`` says why member r will never come (known dead), or None."""
+    addresses = [str(m["address"]) for m in members]
+    links = _C.ControlLinks(listener.native, rank, world, plane_id, token, heartbeat_timeout, addresses)
     try:
-        for r in range(rank):
-            fields = (plane_id, rank, r, token)
-            hello = {"t": "hello", "plane": plane_id, "rank": rank, "to": r, "token": token}
-            try:
-                links[r] = listener.hello(members[r]["address"], hello, deadline, fields)
-            except PeerLostError as exc:
-                raise PeerLostError(
-                    f"rank {r} of the new communicator cannot be reached: {exc}", rank=r
-                ) from None
-        for r in range(rank + 1, world):
-            links[r] = listener.claim(plane_id, r, rank, token, deadline, functools.partial(gone, r))
+        while True:
+            left = deadline - time.monotonic()
+            missing = links.wait_formed(max(0.0, min(left, 0.05)))  # the GIL is released while it waits
+            for r, failure in links.failures():
+                raise PeerLostError(f"rank {r} of the new communicator cannot be reached: {failure}", rank=r)
+            if not missing:
+                return Plane(rank, world, plane_id, token, links, members, listener, heartbeat_timeout)
+            for r in missing:
+                why = gone(r)
+                if why is not None:
+                    raise PeerLostError(f"rank {r} did not join the fault plane: {why}", rank=r)
+            if left <= 0:
+                raise CollectiveTimeoutError(
+                    f"rank(s) {ranks_text(missing)} did not connect their fault plane to rank {rank} in time "
+                    f"(plane {plane_id})"
+                )
     except BaseException:
-        for sock in links.values():
-            sock.close()
+        links.close(0.0)
         listener.forget(plane_id)
         raise
-    return Plane(rank, world, plane_id, token, links, members, listener, heartbeat_timeout)

@@ -1,5 +1,6 @@
 """The fault plane's wire: frames of a 4-byte big-endian length and a JSON object, and the HMAC proof a
-connection gives when the job has a secret (PYCOLL_SECRET).
+connection gives when the job has a secret (PYCOLL_SECRET). The native links (csrc/fault/wire.h) add two
+frames Python never sees: the empty heartbeat, and the binary hello a member's link starts with.
 
 JSON, not pickle: a frame from a stranger (a process that dialled a listener) is data, never code.
 """
@@ -25,26 +26,14 @@ MAX_FRAME = 4 << 20
 _LEN = struct.Struct(">I")
 
 
+def body(msg: dict[str, Any]) -> bytes:
+    """A frame's body: ``msg`` as compact JSON (the native links put the length in front)."""
+    return json.dumps(msg, separators=(",", ":")).encode()
+
+
 def encode(msg: dict[str, Any]) -> bytes:
-    body = json.dumps(msg, separators=(",", ":")).encode()
-    return _LEN.pack(len(body)) + body
-
-
-def decode_frames(buf: bytearray) -> list[dict[str, Any]]:
-    """Takes every complete frame off the front of ``buf``. Raises ValueError on a malformed frame."""
-    out = []
-    while len(buf) >= 4:
-        (n,) = _LEN.unpack_from(buf)
-        if n > MAX_FRAME:
-            raise ValueError(f"control frame of {n} bytes (at most {MAX_FRAME})")
-        if len(buf) < 4 + n:
-            break
-        msg = json.loads(bytes(buf[4 : 4 + n]))
-        del buf[: 4 + n]
-        if not isinstance(msg, dict):
-            raise ValueError("control frame is not a JSON object")
-        out.append(msg)
-    return out
+    data = body(msg)
+    return _LEN.pack(len(data)) + data
 
 
 def recv_frame(sock: socket.socket, deadline: float, what: str) -> dict[str, Any]:

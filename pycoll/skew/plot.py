@@ -3,17 +3,28 @@ inflicted on the others. matplotlib is imported only here, with the Agg backend 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from pycoll.errors import InvalidUsageError
 
-if TYPE_CHECKING:
-    from pycoll.skew.report import SkewReport
+
+class Report(Protocol):
+    """What the figure reads of a report (pycoll/skew/report.py ``SkewReport``, whose ``plot`` calls here)."""
+
+    @property
+    def world(self) -> int: ...
+    @property
+    def ranks(self) -> Sequence[Any]: ...
+    @property
+    def run(self) -> Any: ...
+    @property
+    def window(self) -> Any: ...
 
 MISSING = "plotting the skew report needs matplotlib: pip install matplotlib"
 
 
-def plot_report(report: SkewReport, path: str | None = None) -> Any:
+def plot_report(report: Report, path: str | None = None) -> Any:
     try:
         import matplotlib
 

@@ -1,16 +1,16 @@
-"""A communicator's side of skew reporting: its clock domain and first clock estimate, the straggler
-notices (callbacks and the rate-limited ``pycoll`` WARNING), the report gathered from every rank, and the
-JSON written at finalize (PYCOLL_SKEW_REPORT)."""
+"""A communicator's side of skew reporting: its ranks' clock domains and first clock estimate, the
+straggler notices (callbacks and the rate-limited ``pycoll`` WARNING), the report gathered from every rank,
+and the JSON written at finalize (PYCOLL_SKEW_REPORT). Built from the communicator's Context and the
+function that runs a collective on it (its dispatcher's ``launch``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from pycoll.errors import InvalidUsageError
 from pycoll.skew.report import SkewReport, from_snapshot
 
 if TYPE_CHECKING:
-    from pycoll.comm import Communicator
+    from pycoll.context import Context
 
 log = logging.getLogger("pycoll")
 
@@ -80,34 +80,24 @@ def display_host(host_id: str) -> str:
     return host_id.split("/", 1)[0]
 
 
-def clock_domain(boot_id: str, offset_ns: int) -> int:
-    """Ranks with the same value read one steady clock: one kernel (boot id), the same test offset."""
-    digest = hashlib.blake2b(f"{boot_id}/{offset_ns}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
 class SkewTracker:
-    def __init__(self, comm: Communicator) -> None:
-        self.comm = comm
-        self.hosts = [display_host(h) for h in comm.hosts]
+    def __init__(self, ctx: Context, launch: Callable[[Call], Any]) -> None:
+        self.ctx = ctx
+        self._launch = launch
+        self.hosts = [display_host(h) for h in ctx.group.hosts]
         self._notices: dict[int, Notice] = {}
 
     # ---- set-up --------------------------------------------------------------------------------------
-    def sync_clocks(self, domain: int, timeout: float) -> None:
-        """Every rank's clock domain (one all-gather); where some differ from rank 0's, a few barriers for
-        a first estimate of their offsets. The library's own collectives: not in the report."""
-        comm = self.comm
-        mine = np.array([domain], dtype=np.int64)
-        every = np.zeros(comm.world_size, dtype=np.int64)
-        algo = auto.algorithm(comm, "all_gather", "auto", 8, 8, False)
-        x, out = as_buffer(mine, "x", writable=False), as_buffer(every, "out", writable=True)
-        comm.launch(Call("all_gather", algo, x, out, 1, timeout=timeout, report=False))
-        native = comm.native()
-        native.skew_set_domains([int(d) for d in every])
-        if len(set(every.tolist())) > 1:
+    def sync_clocks(self, timeout: float) -> None:
+        """Every rank's clock domain (from the communicator's formation, pycoll/formation.py); where some
+        differ from rank 0's, a few barriers for a first estimate of their offsets. The library's own
+        collectives: not in the report."""
+        domains = list(self.ctx.group.clock_domains)
+        self.ctx.native().skew_set_domains(domains)
+        if len(set(domains)) > 1:
             empty = as_buffer(np.zeros(0, dtype=np.uint8), "x", writable=True)
             for _ in range(CLOCK_SYNC_ROUNDS):
-                comm.launch(
+                self._launch(
                     Call("barrier", ALGORITHMS["barrier"][0], empty, empty, 0, timeout=timeout, report=False)
                 )
 
@@ -119,7 +109,7 @@ class SkewTracker:
             raise InvalidUsageError(f"late_ms must be > 0 milliseconds, got {late_ms!r}")
         if not isinstance(window, int) or window < 1:
             raise InvalidUsageError(f"window must be a number of collectives >= 1, got {window!r}")
-        native = self.comm.native()
+        native = self.ctx.native()
         if not native.skew_enabled:
             raise InvalidUsageError(
                 "skew recording is off on this rank (PYCOLL_SKEW=0), so no notice can fire"
@@ -131,14 +121,14 @@ class SkewTracker:
 
     def remove(self, notice: Notice) -> None:
         if self._notices.pop(notice.id, None) is not None:
-            native = self.comm.native_or_none()
+            native = self.ctx.native_or_none()
             if native is not None:
                 native.skew_remove_notice(notice.id)
 
     def dispatch(self) -> None:
         """After a collective that left events: a WARNING on rank 0 (rate limited), then the callbacks
         (on every rank: every rank sees the same events). A callback's exception reaches the caller."""
-        native = self.comm.native_or_none()
+        native = self.ctx.native_or_none()
         if native is None:
             return
         for ident, rank, seq, window, mean_ns, inflicted_ns in native.skew_take_events():
@@ -148,7 +138,7 @@ class SkewTracker:
             event = StragglerEvent(
                 rank, self.hosts[rank], mean_ns / 1e6, window, inflicted_ns / 1e6, notice.late_ms, seq
             )
-            if self.comm.rank == 0:
+            if self.ctx.rank == 0:
                 self._warn(notice, event)
             if notice.callback is not None:
                 notice.callback(event)
@@ -165,36 +155,35 @@ class SkewTracker:
     # ---- reports -------------------------------------------------------------------------------------
     def local_report(self, window: int | None = None) -> SkewReport:
         """This rank's own view (no communication): every rank records every rank's lateness."""
-        native = self.comm.native()
+        native = self.ctx.native()
         native.skew_flush()
         return from_snapshot(native.skew_snapshot(), self.hosts, window)
 
     def gathered_report(self, window: int | None, timeout: float | None) -> SkewReport:
         """Rank 0's view, on every rank (two broadcasts, not in the report): the same report everywhere."""
-        comm = self.comm
-        payload = self.local_report(window).to_json().encode() if comm.rank == 0 else b""
+        rank = self.ctx.rank
+        payload = self.local_report(window).to_json().encode() if rank == 0 else b""
         size = np.array([len(payload)], dtype=np.int64)
         self._broadcast(size, timeout)
         data = (
             np.frombuffer(payload, dtype=np.uint8).copy()
-            if comm.rank == 0
+            if rank == 0
             else np.zeros(int(size[0]), np.uint8)
         )
         self._broadcast(data, timeout)
         return SkewReport.from_dict(json.loads(data.tobytes().decode()))
 
     def _broadcast(self, x: np.ndarray, timeout: float | None) -> None:
-        comm = self.comm
         buf = as_buffer(x, "x", writable=True)
-        algo = auto.algorithm(comm, "broadcast", "auto", buf.nbytes, buf.itemsize, False)
-        comm.launch(Call("broadcast", algo, buf, buf, buf.count, timeout=timeout, report=False))
+        algo = auto.algorithm(self.ctx, "broadcast", "auto", buf.nbytes, buf.itemsize, False)
+        self._launch(Call("broadcast", algo, buf, buf, buf.count, timeout=timeout, report=False))
 
     def write(self, path: str) -> None:
         """PYCOLL_SKEW_REPORT at finalize: rank 0 writes ``path`` (with ``{rank}`` in it, every rank writes
         its own file). Each file is that rank's own view, so it is written even when peers are gone."""
-        if "{rank}" not in path and self.comm.rank != 0:
+        if "{rank}" not in path and self.ctx.rank != 0:
             return
-        target = path.replace("{rank}", str(self.comm.rank))
+        target = path.replace("{rank}", str(self.ctx.rank))
         try:
             text = self.local_report().to_json()
             directory = os.path.dirname(target)
@@ -204,4 +193,4 @@ class SkewTracker:
                 f.write(text + "\n")
             os.replace(target + ".tmp", target)
         except (OSError, ValueError) as e:
-            log.warning("rank %d: could not write the skew report to %s: %s", self.comm.rank, target, e)
+            log.warning("rank %d: could not write the skew report to %s: %s", self.ctx.rank, target, e)

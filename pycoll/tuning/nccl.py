@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from pycoll.tuning.model import Prediction
 
 if TYPE_CHECKING:
-    from pycoll.tuning.topology import Topology
+    from pycoll.tuning.machine import Topology
 
 __all__ = ["nccl_algorithms", "nccl_allreduce", "nccl_time", "nvls_time"]
 

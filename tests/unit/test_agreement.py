@@ -4,7 +4,6 @@ the outcomes every survivor must share, including a decider that dies after reac
 from __future__ import annotations
 
 import secrets
-import socket
 import threading
 import time
 
@@ -42,11 +41,7 @@ def die(plane: Plane) -> None:
     process says nothing; here its thread could still see its own links close)."""
     plane._leaving = True
     plane._closed = True
-    for sock in list(plane._links.values()):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    plane._native.close(0.0)
 
 
 def agree_all(planes: list[Plane], flags: list[bool], timeout: float = 10.0) -> list:
@@ -133,25 +128,16 @@ def test_a_decider_that_dies_after_reaching_one_rank_is_not_contradicted():
 def test_a_silent_rank_is_evicted_and_learns_it_when_it_comes_back():
     planes = make_planes(3, heartbeat=0.5)
     stopped = planes[2]
-    pause = threading.Event()
-    loop_round = stopped._heartbeat
-
-    def frozen(now):  # the whole rank stops (as SIGSTOP would) until released; its clock reading is
-        pause.wait(5)  # the one taken before it stopped
-        loop_round(now)
-
-    stopped._heartbeat = frozen  # type: ignore[method-assign]
+    stopped._native._hold_for_testing(2.0)  # its links' thread and its sends stand still, as under SIGSTOP
     try:
         out = agree_all(planes[:2], [True, True])
         assert all(d.dead == frozenset({2}) for d in out)
-        pause.set()
         deadline = time.monotonic() + 5
         while stopped.evicted is None and time.monotonic() < deadline:
             time.sleep(0.02)
         with pytest.raises(EvictedError):
             stopped.raise_if_evicted()
     finally:
-        pause.set()
         close_all(planes)
 
 

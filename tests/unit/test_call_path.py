@@ -5,6 +5,8 @@ Multi-rank behaviour is checked in tests/distributed/; here the values each laye
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -143,7 +145,8 @@ def test_the_dispatcher_picks_the_executor_by_memory_and_settings(one_rank_comm,
     assert dispatcher.executor_for(Call("allreduce", "ring", device, device, 4)) == "nccl"
     monkeypatch.setattr(one_rank_comm, "grouped_on_cpu", True)
     assert dispatcher.executor_for(Call("allreduce", "ring", host, host, 4)) == "cpu-grouped"
-    monkeypatch.setattr(one_rank_comm, "settings", one_rank_comm.settings.__class__(gpu_transport="shm"))
+    ctx = one_rank_comm.context  # the dispatcher's: the formed group's facts, the settings among them
+    monkeypatch.setattr(ctx, "group", replace(ctx.group, settings=replace(ctx.settings, gpu_transport="shm")))
     assert dispatcher.executor_for(Call("allreduce", "ring", device, device, 4)) == "host-staged"
     assert dispatcher.executor("cpu-grouped").name == "cpu-grouped"
 

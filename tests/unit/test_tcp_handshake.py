@@ -1,12 +1,14 @@
-"""The TCP transport's connection handshake (csrc/transport/tcp_listener.cc, tcp_handshake.cc, hmac.cc),
+"""The TCP transport's connection handshake (csrc/transport/tcp_links.cc, tcp_handshake.cc, hmac.cc),
 driven from Python.
 
-Two native communicators of one job (TCP only, loopback) connect while this test throws connections at
-the listener: junk, a silent socket, half a Hello, a Hello with a wrong proof, a Hello for another job.
-The two ranks still connect at once (handshakes run side by side), and every intruder is closed and
-counted. A rank that dials an impostor (a listener without the key) never sends its own proof and
-gives up naming why. The wire format is rebuilt here from tcp_internal.h's description, so the proofs are
-checked against Python's own ``hmac``.
+Two native communicators of one job (TCP only, loopback) make their link (at first use: here
+``_C.testing.tcp_link_now``, as a collective's first message would) while this test throws connections
+at a listener: junk, a silent socket, half a Hello, a Hello with a wrong proof, a Hello for another job.
+The two ranks still link at once (handshakes run side by side), and every intruder is closed and
+counted. Two ranks that dial each other at the same moment end with one link (the lower rank's). A rank
+that dials an impostor (a listener without the key) never sends its own proof and gives up naming why;
+one that dials a rank whose process is gone loses it (PeerLostError naming it). The wire format is
+rebuilt here from tcp_internal.h's description, so the proofs are checked against Python's own ``hmac``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from pycoll import _C
 
 HELLO = struct.Struct("<Qiiii16s")  # magic, rank, world, to, reserved, nonce
 CHALLENGE = struct.Struct("<Q16s32s")  # magic, nonce, proof
-HELLO_MAGIC = 0x32706374637970
-CHALLENGE_MAGIC = 0x32686374637970
+VERDICT = struct.Struct("<Q")
+HELLO_MAGIC = 0x33706374637970
+CHALLENGE_MAGIC = 0x33686374637970
+VERDICT_LINK = 0x6B6E696C746376
+VERDICT_DOUBLE = 0x6C627564746376
 KEY = bytes(range(32))
 
 
@@ -49,12 +54,12 @@ def _native(rank: int, world: int) -> _C.NativeCommunicator:
     return _C.NativeCommunicator(rank, world, 65536, 4, 0, 0, 1 << 30, tcp_bind="127.0.0.1")
 
 
-def _connect_in_thread(comm, addresses, key, timeout):
+def _link_in_thread(comm, peer, timeout):
     outcome: dict = {}
 
     def run():
         try:
-            comm.connect_tcp(addresses, key, timeout)
+            _C.testing.tcp_link_now(comm, peer, timeout)
             outcome["ok"] = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             outcome["error"] = exc
@@ -62,6 +67,18 @@ def _connect_in_thread(comm, addresses, key, timeout):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def _handshake(listener, rank: int, world: int, to: int, key: bytes) -> tuple[socket.socket, int]:
+    """A dialer that holds ``key``: the whole handshake; the socket and the listener's verdict."""
+    sock = socket.create_connection(listener)
+    hello = HELLO.pack(HELLO_MAGIC, rank, world, to, 0, os.urandom(16))
+    sock.sendall(hello)
+    magic, nonce, proof = CHALLENGE.unpack(_recv_exactly(sock, CHALLENGE.size))
+    assert magic == CHALLENGE_MAGIC and proof == _proof(key, b"L", hello, nonce)
+    sock.sendall(_proof(key, b"D", hello, nonce))
+    (verdict,) = VERDICT.unpack(_recv_exactly(sock, VERDICT.size))
+    return sock, verdict
 
 
 @pytest.mark.parametrize(
@@ -84,11 +101,12 @@ def test_hmac_sha256_matches_python_across_block_boundaries():
         assert _C.testing.hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).digest()
 
 
-def test_intruders_are_dropped_and_the_job_still_connects_at_once():
+def test_intruders_are_dropped_and_the_job_still_links_at_once():
     rank0, rank1 = _native(0, 2), _native(1, 2)
     addresses = [f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{rank1.tcp_port}"]
+    for comm in (rank0, rank1):
+        comm.set_tcp_peers(addresses, KEY, 20.0)
     listener = ("127.0.0.1", rank0.tcp_port)
-    thread0, outcome0 = _connect_in_thread(rank0, addresses, KEY, 20.0)
     intruders = []
     try:
         junk = socket.create_connection(listener)
@@ -123,21 +141,42 @@ def test_intruders_are_dropped_and_the_job_still_connects_at_once():
         assert _recv_exactly(other_job, 1) == b""
 
         started = time.monotonic()
-        thread1, outcome1 = _connect_in_thread(rank1, addresses, KEY, 20.0)
+        thread1, outcome1 = _link_in_thread(rank1, 0, 20.0)
         thread1.join(30)
-        thread0.join(30)
-        assert "error" not in outcome0 and "error" not in outcome1, (outcome0, outcome1)
-        # well before the silent connections' 5 s handshake limit: they did not block the accept loop
-        assert outcome0["ok"] - started < 4.0
-        assert _C.testing.tcp_rejected(rank0) == 6  # junk, silent, half, liar, mirror, other_job
+        assert "error" not in outcome1, outcome1
+        # well before the silent connections' 5 s handshake limit: they did not block the listener
+        assert outcome1["ok"] - started < 4.0
+        assert _C.testing.tcp_linked(rank1) == [0]
+        deadline = time.monotonic() + 10
+        while _C.testing.tcp_linked(rank0) != [1] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _C.testing.tcp_linked(rank0) == [1]
+        assert _C.testing.tcp_rejected(rank0) >= 4  # junk, liar, mirror, other_job (half, silent: at 5 s)
         assert _C.testing.tcp_rejected(rank1) == 0
-        # the listener is closed once the job is connected: later connections are refused by the kernel
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(listener, timeout=5)
+        # The listener stays open (links are made at first use), and a proven dial from a rank already
+        # linked is told the link exists: the connection is closed, the link kept.
+        extra, verdict = _handshake(listener, 1, 2, 0, KEY)
+        intruders.append(extra)
+        assert verdict == VERDICT_DOUBLE and _recv_exactly(extra, 1) == b""
+        assert _C.testing.tcp_linked(rank0) == [1]
     finally:
         for s in intruders:
             s.close()
-        thread0.join(30)
+        del rank0, rank1
+
+
+def test_two_ranks_dialling_each_other_at_once_keep_one_link():
+    for _ in range(10):
+        rank0, rank1 = _native(0, 2), _native(1, 2)
+        addresses = [f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{rank1.tcp_port}"]
+        for comm in (rank0, rank1):
+            comm.set_tcp_peers(addresses, KEY, 20.0)
+        (t0, o0), (t1, o1) = _link_in_thread(rank0, 1, 20.0), _link_in_thread(rank1, 0, 20.0)
+        t0.join(30)
+        t1.join(30)
+        assert "error" not in o0 and "error" not in o1, (o0, o1)
+        assert _C.testing.tcp_linked(rank0) == [1] and _C.testing.tcp_linked(rank1) == [0]
+        assert _C.testing.tcp_rejected(rank0) == 0 and _C.testing.tcp_rejected(rank1) == 0
         del rank0, rank1
 
 
@@ -166,8 +205,10 @@ def test_a_dialer_does_not_prove_itself_to_a_listener_without_the_key():
     impostor.start()
     assert ready.wait(10)
     rank1 = _native(1, 2)
-    with pytest.raises(pycoll.CollectiveTimeoutError, match="did not prove it holds this job's key"):
-        rank1.connect_tcp([f"127.0.0.1:{port_box[0]}", f"127.0.0.1:{rank1.tcp_port}"], KEY, 1.5)
+    rank1.set_tcp_peers([f"127.0.0.1:{port_box[0]}", f"127.0.0.1:{rank1.tcp_port}"], KEY, 1.5)
+    with pytest.raises(pycoll.PeerLostError, match="did not prove it holds this job's key") as info:
+        _C.testing.tcp_link_now(rank1, 0, 10.0)
+    assert info.value.rank == 0
     impostor.join(10)
     assert seen["after_challenge"] == b"", "the dialer sent its proof to a listener that did not prove itself"
 
@@ -175,13 +216,28 @@ def test_a_dialer_does_not_prove_itself_to_a_listener_without_the_key():
 def test_ranks_with_different_keys_do_not_connect():
     rank0, rank1 = _native(0, 2), _native(1, 2)
     addresses = [f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{rank1.tcp_port}"]
-    thread0, outcome0 = _connect_in_thread(rank0, addresses, KEY, 2.0)
-    with pytest.raises(pycoll.CollectiveTimeoutError, match="could not connect to rank 0"):
-        rank1.connect_tcp(addresses, bytes(32), 2.0)
-    thread0.join(10)
-    assert isinstance(outcome0.get("error"), pycoll.CollectiveTimeoutError)
-    assert "rank(s) 1 did not connect" in str(outcome0["error"])
+    rank0.set_tcp_peers(addresses, KEY, 2.0)
+    rank1.set_tcp_peers(addresses, bytes(32), 2.0)
+    with pytest.raises(pycoll.PeerLostError, match="could not connect to rank 0"):
+        _C.testing.tcp_link_now(rank1, 0, 10.0)
+    deadline = time.monotonic() + 10  # rank 0 drops the dialer that never proved itself (5 s)
+    while _C.testing.tcp_rejected(rank0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _C.testing.tcp_rejected(rank0) >= 1
+    assert _C.testing.tcp_linked(rank0) == []
+
+
+def test_a_peer_whose_process_is_gone_is_lost_by_name():
+    """Dialling a rank whose listening socket is gone (its process exited): refused at once, the peer
+    lost, PeerLostError naming it, well before the dial timeout."""
+    rank0, rank1 = _native(0, 2), _native(1, 2)
+    addresses = [f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{rank1.tcp_port}"]
+    rank1.set_tcp_peers(addresses, KEY, 60.0)
+    del rank0  # closes its listening socket, as the kernel does when its process dies
+    started = time.monotonic()
+    with pytest.raises(pycoll.PeerLostError, match="rank 0 cannot be reached") as info:
+        _C.testing.tcp_link_now(rank1, 0, 30.0)
+    assert info.value.rank == 0 and time.monotonic() - started < 5.0
 
 
 def test_failed_set_up_leaks_no_descriptor():

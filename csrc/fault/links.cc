@@ -1,0 +1,388 @@
+#include "fault/links.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+#include "fault/wire.h"
+#include "pycoll/errors.h"
+#include "transport/sockets.h"
+
+namespace pycoll::fault {
+
+namespace {
+
+constexpr auto kDropLinger = std::chrono::milliseconds(200);
+const std::string kHeartbeat(4, '\0');  // an empty frame
+
+ControlLinks::Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<ControlLinks::Clock::duration>(std::chrono::duration<double>(s));
+}
+
+}  // namespace
+
+ControlLinks::ControlLinks(std::shared_ptr<ControlListener> listener, const LinksConfig& config,
+                           const std::vector<std::string>& addresses)
+    : listener_(std::move(listener)),
+      config_(config),
+      addresses_(addresses),
+      interval_(seconds(config.heartbeat_timeout_s / 5)),
+      timeout_(seconds(config.heartbeat_timeout_s)),
+      links_(static_cast<size_t>(config.world)) {
+  if (config.world < 1 || config.rank < 0 || config.rank >= config.world ||
+      static_cast<int>(addresses.size()) != config.world)
+    throw Error(ErrorKind::kInternal, "control links need a rank in 0..world-1 and an address per member");
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  PYCOLL_CHECK_SYS(wake_fd_.get());
+  last_loop_ = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r = 0; r < config.rank; ++r) {
+      std::string why;
+      UniqueFd fd = net::start_connect(addresses[r], &why);
+      if (!fd) {
+        fail_dial(r, why);
+        continue;
+      }
+      links_[r].fd = std::move(fd);
+      links_[r].state = State::kConnecting;
+    }
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+ControlLinks::~ControlLinks() {
+  close(0.0);
+}
+
+void ControlLinks::wake() {
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_fd_.get(), &one, sizeof one);
+  (void)rc;
+}
+
+void ControlLinks::event(int peer, char kind, std::string data) {
+  events_.push_back(Event{peer, kind, std::move(data)});
+  ++made_;
+  cv_.notify_all();
+}
+
+// ---- forming -------------------------------------------------------------------------------------------
+
+std::vector<int> ControlLinks::wait_formed(double timeout_s) {
+  const Clock::time_point deadline = Clock::now() + seconds(timeout_s);
+  for (;;) {
+    const uint64_t seen = listener_->generation();
+    std::vector<int> missing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int r = config_.rank + 1; r < config_.world; ++r) {
+        if (links_[r].state != State::kIdle) continue;
+        const int fd = listener_->claim(config_.plane, r, config_.rank, config_.token);
+        if (fd >= 0) link_up(r, UniqueFd(fd), "");
+      }
+      for (int r = 0; r < config_.world; ++r) {
+        const State s = links_[r].state;
+        if (r != config_.rank && s != State::kUp && s != State::kClosing && s != State::kClosed) missing.push_back(r);
+      }
+    }
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (missing.empty() || left <= 0) return missing;
+    listener_->wait_change(seen, left);  // a hello arrived, or a dial of ours went on (poke), or time is up
+  }
+}
+
+std::vector<std::pair<int, std::string>> ControlLinks::failures() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failures_;
+}
+
+void ControlLinks::fail_dial(int peer, const std::string& why) {
+  failures_.emplace_back(peer, why);
+  Link& l = links_[peer];
+  l.state = State::kClosed;
+  l.fd.reset();
+  listener_->poke();
+}
+
+void ControlLinks::link_up(int peer, UniqueFd fd, const std::string& first) {
+  Link& l = links_[peer];
+  l.fd = std::move(fd);
+  l.state = State::kUp;
+  l.in.clear();
+  l.out = first + l.out.substr(l.out_off);  // the hello goes before what was queued while dialling
+  l.out_off = 0;
+  l.heard = l.sent = Clock::now();
+  wake();
+}
+
+void ControlLinks::on_connected(int peer) {
+  Link& l = links_[peer];
+  const std::string error = net::connect_error(l.fd.get());
+  if (!error.empty()) return fail_dial(peer, "cannot reach its control socket at " + addresses_[peer] + ": " + error);
+  l.state = State::kChallenge;
+  l.in.clear();
+}
+
+void ControlLinks::read_challenge(int peer) {
+  Link& l = links_[peer];
+  for (;;) {
+    size_t want = 4;
+    if (l.in.size() >= 4) {
+      const uint32_t n = frame_length(reinterpret_cast<const uint8_t*>(l.in.data()));
+      if (n > 256) return fail_dial(peer, addresses_[peer] + " is not a pycoll control socket");
+      want = 4 + n;
+    }
+    if (l.in.size() == want) break;
+    char buf[256];
+    const ssize_t k = ::recv(l.fd.get(), buf, std::min(sizeof buf, want - l.in.size()), 0);
+    if (k == 0) return fail_dial(peer, "its control socket at " + addresses_[peer] + " closed the connection");
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      return fail_dial(peer, "its control socket at " + addresses_[peer] + ": " + net::errno_text("recv"));
+    }
+    l.in.append(buf, static_cast<size_t>(k));
+  }
+  const std::string challenge = parse_challenge(l.in.substr(4));
+  if (challenge.empty()) return fail_dial(peer, addresses_[peer] + " is not a pycoll control socket");
+  Hello h;
+  h.rank = config_.rank;
+  h.to = peer;
+  h.plane = config_.plane;
+  h.token = config_.token;
+  h.proof = hello_proof(listener_->secret(), challenge, h);
+  link_up(peer, std::move(l.fd), frame(hello_body(h)));
+  listener_->poke();
+}
+
+// ---- messages ------------------------------------------------------------------------------------------
+
+bool ControlLinks::send(int peer, const std::string& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer < 0 || peer >= config_.world || peer == config_.rank) return false;
+  Link& l = links_[peer];
+  if (l.state == State::kClosed || l.state == State::kClosing || stop_) return false;
+  if (l.out.size() - l.out_off + body.size() > kMaxQueued) return false;
+  l.out += frame(body);
+  if (l.state != State::kUp) return true;  // written once the link is up
+  write_out(peer);
+  if (l.state == State::kUp && l.out_off < l.out.size()) wake();  // the I/O thread writes the rest
+  return l.state == State::kUp;
+}
+
+void ControlLinks::drop(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer < 0 || peer >= config_.world || peer == config_.rank) return;
+  Link& l = links_[peer];
+  if (l.state == State::kClosed) return;
+  if (l.state == State::kUp && l.out_off < l.out.size()) {
+    l.state = State::kClosing;
+    l.closing_deadline = Clock::now() + kDropLinger;
+    wake();
+    return;
+  }
+  close_link(peer, "", false);
+}
+
+std::vector<ControlLinks::Event> ControlLinks::take(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, seconds(std::max(0.0, timeout_s)), [&] { return !events_.empty() || stop_; });
+  std::vector<Event> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+uint64_t ControlLinks::settle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = passes_ + 2;  // the pass under way may have begun before this call: one more
+  ++settling_;
+  wake();
+  cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return passes_ >= target || stop_; });
+  --settling_;
+  return made_;
+}
+
+void ControlLinks::close(double flush_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_ && !thread_.joinable()) return;
+  const Clock::time_point deadline = Clock::now() + seconds(std::max(0.0, flush_s));
+  for (int r = 0; r < config_.world; ++r) {
+    Link& l = links_[r];
+    if (l.state == State::kUp && l.out_off < l.out.size() && flush_s > 0) {
+      l.state = State::kClosing;
+      l.closing_deadline = deadline;
+    } else if (l.state != State::kClosing) {
+      close_link(r, "", false);
+    }
+  }
+  wake();
+  cv_.wait_until(lock, deadline, [&] {
+    return std::none_of(links_.begin(), links_.end(), [](const Link& l) { return l.state == State::kClosing; });
+  });
+  stop_ = true;
+  cv_.notify_all();
+  lock.unlock();
+  wake();
+  if (thread_.joinable()) thread_.join();
+  lock.lock();
+  for (int r = 0; r < config_.world; ++r) close_link(r, "", false);
+}
+
+void ControlLinks::hold(double seconds_held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_until_ = Clock::now() + seconds(seconds_held);
+  wake();
+}
+
+// ---- the I/O thread ------------------------------------------------------------------------------------
+
+void ControlLinks::close_link(int peer, const std::string& why, bool report) {
+  Link& l = links_[peer];
+  if (l.state == State::kClosed) return;
+  const bool was_linked = l.state == State::kUp || l.state == State::kClosing;
+  l.state = State::kClosed;
+  l.fd.reset();
+  l.in.clear();
+  l.out.clear();
+  l.out_off = 0;
+  if (report && was_linked) event(peer, 'c', why);
+  cv_.notify_all();
+}
+
+void ControlLinks::read_frames(int peer) {
+  Link& l = links_[peer];
+  char buf[65536];
+  for (;;) {
+    const ssize_t k = ::recv(l.fd.get(), buf, sizeof buf, 0);
+    if (k == 0) return close_link(peer, "its control link closed: the process exited or was killed", true);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+      return close_link(peer, "its control link failed (" + net::errno_text("recv") + ")", true);
+    }
+    l.heard = Clock::now();
+    l.silence_reported = false;
+    l.in.append(buf, static_cast<size_t>(k));
+    if (static_cast<size_t>(k) < sizeof buf) break;
+  }
+  size_t at = 0;
+  while (l.in.size() - at >= 4) {
+    const uint32_t n = frame_length(reinterpret_cast<const uint8_t*>(l.in.data() + at));
+    if (n > kMaxFrame)
+      return close_link(peer,
+                        "it sent a malformed control frame (" + std::to_string(n) + " bytes, at most " +
+                            std::to_string(kMaxFrame) + ")",
+                        true);
+    if (l.in.size() - at < 4 + static_cast<size_t>(n)) break;
+    if (n > 0) event(peer, 'f', l.in.substr(at + 4, n));  // an empty frame is a heartbeat
+    at += 4 + n;
+  }
+  l.in.erase(0, at);
+}
+
+void ControlLinks::write_out(int peer) {
+  Link& l = links_[peer];
+  while (l.out_off < l.out.size()) {
+    const ssize_t k = ::send(l.fd.get(), l.out.data() + l.out_off, l.out.size() - l.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      return close_link(peer, "its control link failed (" + net::errno_text("send") + ")", true);
+    }
+    l.out_off += static_cast<size_t>(k);
+    l.sent = Clock::now();
+  }
+  l.out.clear();
+  l.out_off = 0;
+  if (l.state == State::kClosing) close_link(peer, "", false);
+}
+
+void ControlLinks::tick(Clock::time_point now) {
+  if (now - last_loop_ > timeout_ / 2) {
+    // This thread did not run for that long: the process was stopped or starved, and the silence it would
+    // see now is its own, not its peers'.
+    for (Link& l : links_) l.heard = now;
+  }
+  last_loop_ = now;
+  for (int r = 0; r < config_.world; ++r) {
+    Link& l = links_[r];
+    if (l.state == State::kClosing && now >= l.closing_deadline) {
+      close_link(r, "", false);
+      continue;
+    }
+    if (l.state != State::kUp) continue;
+    if (now - l.sent >= interval_ && l.out_off == l.out.size()) {
+      l.out += kHeartbeat;
+      write_out(r);
+      if (l.state != State::kUp) continue;
+    }
+    if (now - l.heard > timeout_ && !l.silence_reported) {
+      l.silence_reported = true;
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - l.heard).count());
+      event(r, 's', text);
+    }
+  }
+}
+
+void ControlLinks::loop() {
+  std::vector<struct pollfd> fds;
+  std::vector<int> owner;
+  Clock::time_point next_tick = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    fds.assign(1, {wake_fd_.get(), POLLIN, 0});
+    owner.assign(1, -1);
+    for (int r = 0; r < config_.world; ++r) {
+      const Link& l = links_[r];
+      short events = 0;
+      if (l.state == State::kConnecting) events = POLLOUT;
+      if (l.state == State::kChallenge) events = POLLIN;
+      if (l.state == State::kUp || l.state == State::kClosing)
+        events = static_cast<short>(POLLIN | (l.out_off < l.out.size() ? POLLOUT : 0));
+      if (!events) continue;
+      fds.push_back({l.fd.get(), events, 0});
+      owner.push_back(r);
+    }
+    const int wait_ms = settling_ > 0 ? 0 : net::ms_left(next_tick);  // a settle waits for passes
+    lock.unlock();
+    const int rc = ::poll(fds.data(), fds.size(), wait_ms);
+    const int err = errno;
+    lock.lock();
+    if (Clock::now() < hold_until_) std::this_thread::sleep_until(hold_until_);  // mu_ held: everything waits
+    if (rc < 0 && err != EINTR) {
+      for (int r = 0; r < config_.world; ++r) close_link(r, "this rank's control I/O thread failed (poll)", true);
+      break;
+    }
+    if (fds[0].revents & POLLIN) {
+      uint64_t drained;
+      ssize_t k = ::read(wake_fd_.get(), &drained, sizeof drained);
+      (void)k;
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      const int r = owner[i];
+      Link& l = links_[r];
+      if (!fds[i].revents || l.fd.get() != fds[i].fd) continue;  // changed while this thread polled
+      if (l.state == State::kConnecting) {
+        on_connected(r);
+      } else if (l.state == State::kChallenge) {
+        read_challenge(r);
+      } else {
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_frames(r);
+        if ((l.state == State::kUp || l.state == State::kClosing) && l.out_off < l.out.size()) write_out(r);
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= next_tick) {
+      tick(now);
+      next_tick = now + interval_ / 2;
+    }
+    ++passes_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace pycoll::fault
