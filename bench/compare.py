@@ -11,6 +11,8 @@ is re-run once at once (--retries), and the failure is reported.
     python bench/compare.py                                  # pycoll, mpi, gloo; 2 and 4 ranks; 3 rounds
     python bench/compare.py --rounds 5 --json compare.json --markdown compare.md
     python bench/compare.py --libs mpi,gloo -e 1M            # baselines only (ratios are mpi/gloo)
+    python bench/compare.py --libs pycoll,before --before /venv-old/bin/python -b 4K -e 64M
+                                                             # this pycoll against another install of it
 
 The first library of --libs is the subject: ratios are subject/other. busbw ratio > 1 means the subject
 moves data faster; the latency ratio (time of subject / time of other, given for the smallest size) < 1
@@ -42,8 +44,8 @@ sys.path.insert(0, str(REPO))
 from pycoll.bench import jobs, options, report, timing  # noqa: E402  (no native module needed here)
 from pycoll.bench.baselines import mpirun_command  # noqa: E402
 
-LIBRARIES = ("pycoll", "mpi", "gloo")
-LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo"}
+LIBRARIES = ("pycoll", "mpi", "gloo", "before")
+LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo", "before": "pycoll before"}
 
 # Targets of issue 2 ("Benchmark"): (bytes, other library, kind, bound). kind "busbw": subject's busbw
 # must be >= bound x other's; kind "latency": subject's time must be <= bound x other's.
@@ -93,7 +95,7 @@ def sweep_flags(args: argparse.Namespace) -> list[str]:
 def command_for(library: str, world: int, json_path: str, args: argparse.Namespace) -> list[str]:
     py = sys.executable
     flags = [*sweep_flags(args), "--json", json_path]
-    if library == "pycoll":
+    if library in ("pycoll", "before"):
         job = jobs.Job(
             ranks=world,
             minbytes=args.minbytes,
@@ -106,6 +108,8 @@ def command_for(library: str, world: int, json_path: str, args: argparse.Namespa
             json=json_path,
             progress="off",  # what `pycoll bench` picks when its stderr is captured
         )
+        if library == "before":  # the same job in another install's interpreter, which imports its pycoll
+            return [args.before, "-m", "pycoll.bench.jobs", "--job", job.to_json()]
         return jobs.job_command(job)
     if library == "mpi":
         script = str(HERE / "baselines" / "mpi_allreduce.py")
@@ -173,13 +177,18 @@ def execute(run: Run, json_path: str, timeout: float, verbose: bool, retries: in
 
 def _execute_once(run: Run, json_path: str, timeout: float, verbose: bool) -> None:
     env = dict(os.environ)
-    # pycoll's module is run from the repository root; the baselines need nothing from the package
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # pycoll's module is run from the repository root; the baselines need nothing from the package. The
+    # other install ("before") runs away from this checkout, so that it imports its own pycoll.
+    cwd: Path | str = REPO
+    if run.library == "before":
+        cwd = tempfile.gettempdir()
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     t0 = time.monotonic()
     steal0 = steal_seconds()
     try:
         proc = subprocess.run(
-            run.command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+            run.command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired:
         run.wall_s = time.monotonic() - t0
@@ -434,6 +443,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--libs", default=",".join(LIBRARIES), help="comma-separated, subject first (pycoll,mpi,gloo)"
     )
     parser.add_argument("--algorithm", default="auto", help="pycoll's --algorithm (auto)")
+    parser.add_argument(
+        "--before", metavar="PYTHON", help="the interpreter of another pycoll install: library 'before'"
+    )
     parser.add_argument("--markdown", metavar="FILE", help="also write the markdown table to FILE")
     parser.add_argument("--memcpy-bytes", type=options.parse_size, default=64 << 20, help="memcpy size (64M)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run (600)")
@@ -443,6 +455,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-v", "--verbose", action="store_true", help="print every run's table")
     args = parser.parse_args(argv)
     args.libraries = [s.strip() for s in args.libs.split(",") if s.strip()]
+    if "before" in args.libraries and not args.before:
+        parser.error("--libs before needs --before PYTHON (the interpreter of the other pycoll install)")
     unknown = [lib for lib in args.libraries if lib not in LIBRARIES]
     if unknown or not args.libraries:
         parser.error(f"--libs: unknown {unknown}; choose from {','.join(LIBRARIES)}")

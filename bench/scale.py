@@ -4,6 +4,7 @@ pycoll beside Gloo in the same run (issue 51).
     python bench/scale.py                                   # 8, 16, 32, 64 ranks; shm, tcp and gloo
     python bench/scale.py --ranks 8,16,32,64,128 --rounds 2 --json scale.jsonl
     python bench/scale.py --ranks 16,64 --libs pycoll-shm,gloo --idle 5
+    python bench/scale.py --before /venv-old/bin/python --libs pycoll-shm,before-shm,gloo
 
 Every point starts ``--ranks`` fresh processes on this machine with the torchrun variables (RANK,
 WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT, LOCAL_RANK...): rank 0 hosts the rendezvous store
@@ -23,8 +24,10 @@ so that no phase counts another process's interpreter start-up:
                 rank, mean, in MiB
 
 Libraries (``--libs``): ``pycoll-shm``, ``pycoll-tcp`` (over loopback) and ``gloo`` (CPU torch: over
-loopback TCP). Points run in rounds (``--rounds``), every library at one size one after the other with the
-order rotated each round, sizes from small to large; the table gives each figure's median over the rounds,
+loopback TCP); ``before-shm`` and ``before-tcp`` are pycoll as another install of it has it (``--before``:
+that install's interpreter), to compare two versions in the same run. Points run in rounds
+(``--rounds``), every library at one size one after the other with the order rotated each round, sizes
+from small to large; the table gives each figure's median over the rounds,
 and the growth exponent of init between two sizes (``--exponent 16,64``: log(t64 / t16) / log(64 / 16)),
 with the ratio pycoll / Gloo where both ran. A point that fails (a rank's error, or ``--deadline`` seconds
 without an answer: its processes are killed) is shown as such with the first error line. On this machine
@@ -51,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBS = ("pycoll-shm", "pycoll-tcp", "gloo")
+LIBS = ("pycoll-shm", "pycoll-tcp", "gloo", "before-shm", "before-tcp")
 ELEMENTS = 1024  # 4 KiB of float32
 LATER_CALLS = 20
 
@@ -157,17 +160,18 @@ class Point:
 class Job:
     """The ranks of one point, their pipes, and the phases' answers."""
 
-    def __init__(self, lib: str, ranks: int, idle_s: float, timeout_s: float) -> None:
+    def __init__(self, lib: str, ranks: int, idle_s: float, timeout_s: float, before: str | None) -> None:
         port = _free_port()
         base = dict(os.environ)
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ranks),
                     LOCAL_WORLD_SIZE=str(ranks), PYCOLL_TIMEOUT=str(timeout_s), OMP_NUM_THREADS="1")
-        if lib.startswith("pycoll"):
+        if lib != "gloo":
             base["PYCOLL_TRANSPORT"] = lib.split("-")[1]
+        python = before if lib.startswith("before") and before else sys.executable
         self.procs = []
         for r in range(ranks):
             env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--rank", lib, "--idle", str(idle_s)]
+            cmd = [python, str(Path(__file__).resolve()), "--rank", lib, "--idle", str(idle_s)]
             self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                stderr=subprocess.PIPE, text=True, start_new_session=True))
         self.sel = selectors.DefaultSelector()
@@ -240,9 +244,9 @@ class Job:
         self.sel.close()
 
 
-def run_point(lib: str, ranks: int, idle_s: float, deadline_s: float) -> Point:
+def run_point(lib: str, ranks: int, idle_s: float, deadline_s: float, before: str | None) -> Point:
     point = Point(lib, ranks)
-    job = Job(lib, ranks, idle_s, deadline_s)
+    job = Job(lib, ranks, idle_s, deadline_s, before)
     try:
         ready = job.collect(time.monotonic() + deadline_s + ranks)  # imports: seconds per rank here
         phases: list[list[dict[str, Any]]] = []
@@ -330,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds a phase may take")
     parser.add_argument("--exponent", default="16,64", help="two sizes for init's growth exponent")
     parser.add_argument("--json", help="append one JSON line per point here")
+    parser.add_argument("--before", metavar="PYTHON", help="another pycoll install's interpreter (before-*)")
     parser.add_argument("--rank", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rank:
@@ -339,13 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     for lib in libs:
         if lib not in LIBS:
             parser.error(f"unknown library {lib!r} (of {', '.join(LIBS)})")
+        if lib.startswith("before") and not args.before:
+            parser.error(f"{lib} needs --before PYTHON")
     lo, hi = (int(s) for s in args.exponent.split(","))
     results: dict[tuple[str, int], list[Point]] = {}
     for rnd in range(args.rounds):
         for n in sizes:
             order = libs[rnd % len(libs):] + libs[: rnd % len(libs)]
             for lib in order:
-                point = run_point(lib, n, args.idle, args.deadline)
+                point = run_point(lib, n, args.idle, args.deadline, args.before)
                 results.setdefault((lib, n), []).append(point)
                 shown = {k: round(v, 4) for k, v in point.figures.items()}
                 print(f"# round {rnd + 1} {lib} {n} ranks: {'ok' if point.ok else 'FAILED ' + point.error} "

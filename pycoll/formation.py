@@ -41,6 +41,7 @@ from pycoll.env import Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import (
     CollectiveTimeoutError,
     InvalidUsageError,
+    PeerFailedError,
     PeerLostError,
     PycollError,
     ranks_text,
@@ -162,8 +163,10 @@ def gather(
             why: Callable[[], str | None] = functools.partial(gone, r)
             records.append(_wait_json(store, f"round/{name}/{r}", left, why, f"rank {r}"))
         added = extra() if extra is not None else {}
+    except PeerFailedError:
+        raise  # a rank that failed told every rank itself (pycoll/bootstrap/failfast.py)
     except PycollError as exc:
-        missing = list(range(len(records), world))
+        missing = _missing(store, name, range(len(records), world))
         error = _round_error(exc, name, world, missing, timeout)
         try:
             store.set(f"round/{name}/all", json.dumps({"error": error}).encode())
@@ -172,6 +175,18 @@ def gather(
         raise _error_from(error) from None
     store.set(f"round/{name}/all", json.dumps({"ranks": records, "extra": added}).encode())
     return records, added
+
+
+def _missing(store: Store, name: str, ranks: range) -> list[int]:
+    """Of ``ranks`` (the first of which rank 0 gave up on), those whose record of round ``name`` is not
+    there: named in the error (a store without ``check`` names the first alone)."""
+    check: Callable[[list[str]], bool] | None = getattr(store, "check", None)
+    if check is None:
+        return list(ranks[:1])
+    try:
+        return [r for r in ranks if r == ranks[0] or not check([f"round/{name}/{r}"])]
+    except PycollError:
+        return list(ranks[:1])
 
 
 def _wait_json(store: Store, key: str, timeout: float, gone: Callable[[], str | None], what: str) -> Any:

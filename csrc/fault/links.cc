@@ -353,8 +353,10 @@ void ControlLinks::loop() {
     const int err = errno;
     lock.lock();
     if (Clock::now() < hold_until_) std::this_thread::sleep_until(hold_until_);  // mu_ held: everything waits
-    if (rc < 0 && err != EINTR) {
-      for (int r = 0; r < config_.world; ++r) close_link(r, "this rank's control I/O thread failed (poll)", true);
+    if (rc < 0 && err != EINTR) {  // it cannot go on: every link is lost, and so every peer learns it at once
+      errno = err;
+      const std::string why = "this rank's control I/O thread failed (" + net::errno_text("poll") + ")";
+      for (int r = 0; r < config_.world; ++r) close_link(r, why, true);
       break;
     }
     if (fds[0].revents & POLLIN) {

@@ -5,7 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "cpu/reduce.h"
 #include "engine/communicator.h"
@@ -102,6 +104,15 @@ void bind_testing(py::module_& m) {
   t.def(
       "tcp_rejected", [](Communicator& c) { return c.tcp().rejected_connections(); }, py::arg("comm"),
       "how many connections this rank's TCP transport turned away (failed handshakes)");
+  t.def(
+      "hold_gil",
+      [](double seconds) {
+        // Sleeps with the GIL held, as a long C call that never releases it does (a sort of a huge list,
+        // pickling a checkpoint, an extension that computes in one call): every other Python thread of the
+        // process stands still meanwhile.
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      },
+      py::arg("seconds"), "holds the GIL for `seconds` (the busy-rank tests)");
   t.def(
       "tcp_link_now",
       [](Communicator& c, int peer, double timeout_s) {

@@ -36,6 +36,7 @@ The parts, named as the code names them:
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -103,8 +104,11 @@ def binary_tree(world: int, rank_of_label: list[int]) -> BinaryTree:
     return BinaryTree(rank_of_label[0], tuple(parent), tuple(children), tuple(depth))
 
 
+@functools.lru_cache(maxsize=64)
 def double_binary_tree(world: int) -> tuple[BinaryTree, BinaryTree]:
-    """Tree 0 (label = rank) and its complement tree 1 (mirror for even world, shift by one for odd)."""
+    """Tree 0 (label = rank) and its complement tree 1 (mirror for even world, shift by one for odd).
+    Every rank's plan reads the whole of both (made once per world size: the cost model builds every
+    rank's plan)."""
     first = binary_tree(world, list(range(world)))
     if world % 2 == 0:
         second = binary_tree(world, [world - 1 - label for label in range(world)])
@@ -113,7 +117,8 @@ def double_binary_tree(world: int) -> tuple[BinaryTree, BinaryTree]:
     return first, second
 
 
-def _down_delays(tree: BinaryTree) -> list[int]:
+@functools.lru_cache(maxsize=128)
+def _down_delays(tree: BinaryTree) -> tuple[int, ...]:
     """Ticks after the root finalizes a segment at which each rank receives it (root: 0). The first
     child is sent to in the receiving op (one tick), the second by a SEND one tick later (two ticks)."""
     delay = [0] * len(tree.parent)
@@ -124,7 +129,7 @@ def _down_delays(tree: BinaryTree) -> list[int]:
         for k in kids:
             delay[k] = delay[rank] + (1 if k == fused else 2)
         order.extend(kids)
-    return delay
+    return tuple(delay)
 
 
 def _tree_ticks(rank: int, tree: BinaryTree, segments: list[tuple[int, int]]) -> dict[int, list[Op]]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import selectors
 import shlex
 import signal
 import subprocess
@@ -451,6 +452,45 @@ def _drain(server: TCPStoreServer, received: list[int], prog: str) -> None:
         server.wait_for_clients_to_leave(0.1)
 
 
+class _ExitOrder:
+    """The ranks in the order to look at them: those whose exit woke the launcher first, in the order the
+    kernel reported them, then the others in rank order. A rank that fails because another exited (its
+    peer is lost) exits only after it found out, so the one whose exit came first is the one reported,
+    however close together they end. Waits on the ranks' pidfds (Linux 5.3+); elsewhere it sleeps, and
+    the order is rank order."""
+
+    def __init__(self, ranks: list[_Rank]) -> None:
+        self._ranks = ranks
+        self._ready: list[_Rank] = []
+        self._selector: selectors.BaseSelector | None = None
+        try:
+            selector = selectors.DefaultSelector()
+            for r in ranks:
+                selector.register(os.pidfd_open(r.pid), selectors.EVENT_READ, r)
+            self._selector = selector
+        except (AttributeError, OSError):  # no pidfd_open (or a rank reaped already): poll in rank order
+            self._selector = None
+
+    def order(self) -> list[_Rank]:
+        ready, self._ready = self._ready, []
+        return ready + [r for r in self._ranks if r not in ready]
+
+    def wait(self, timeout: float) -> None:
+        if self._selector is None:
+            time.sleep(timeout)
+            return
+        for key, _ in self._selector.select(timeout):
+            self._ready.append(key.data)
+            self._selector.unregister(key.fileobj)
+            os.close(key.fd)
+
+    def close(self) -> None:
+        if self._selector is not None:
+            for key in list(self._selector.get_map().values()):
+                os.close(key.fd)
+            self._selector.close()
+
+
 def _supervise(
     ranks: list[_Rank],
     received: list[int],
@@ -462,9 +502,10 @@ def _supervise(
     failed: list[_Rank] = []  # ranks that failed on their own, in the order noticed
     kill_at: float | None = None
     signals_seen = 0
+    exits = _ExitOrder(ranks)
     while True:
         alive = 0
-        for r in ranks:
+        for r in exits.order():
             was_running = r.proc.returncode is None
             rc = r.proc.poll()
             if rc is None:
@@ -502,7 +543,8 @@ def _supervise(
                     r.stopped_by_launcher = True
                     r.signal(signal.SIGKILL)
             kill_at = None
-        time.sleep(_POLL_INTERVAL)
+        exits.wait(_POLL_INTERVAL)
+    exits.close()
 
     if failed and elastic and any(r.proc.returncode == 0 for r in ranks):
         return 0

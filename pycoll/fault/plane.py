@@ -314,6 +314,7 @@ def _leave_all() -> None:
     for plane in list(_open):
         plane._leaving = True
         plane.broadcast({"t": "bye"})
+        plane._closed = True
         plane._native.close(_FLUSH_S)
 
 

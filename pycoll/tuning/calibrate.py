@@ -195,6 +195,7 @@ def fit(
                 model, segment_bytes=shm_segment_bytes(m.world), fragment_bytes=shm_fragment_bytes(m.world)
             )
             t = at.timing(costs, m.algorithm, m.world, kind, m.bytes)
+            assert t.path is not None  # asked for: timing's composition is on by default
             rows.append([*t.path, t.extra])
         return np.array(rows)
 

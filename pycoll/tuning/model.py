@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -120,7 +121,20 @@ def op_costs(plan: Plan, itemsize: int, bytes_per_element: float | None = None) 
     """What each op of ``plan`` (in ``plan.ops()`` order) moves: float64 [ops, 5] (sent, received,
     traffic, encoded, decoded bytes). ``bytes_per_element``: the codec's wire bytes per element for a
     compressed plan."""
-    table, _ = plan.to_table()
+    return _table_costs(plan.to_table()[0], itemsize, bytes_per_element)
+
+
+def _plans_costs(
+    plans: Sequence[Plan], itemsize: int, bytes_per_element: float | None
+) -> tuple[np.ndarray, ...]:
+    """``op_costs`` of every plan, worked out over their tables at once (numpy's per-call cost, not the
+    ops, is what n plans of a few ops each would pay)."""
+    tables = [p.to_table()[0] for p in plans]
+    ends = np.cumsum([len(t) for t in tables])[:-1]
+    return tuple(np.split(_table_costs(np.concatenate(tables), itemsize, bytes_per_element), ends))
+
+
+def _table_costs(table: np.ndarray, itemsize: int, bytes_per_element: float | None) -> np.ndarray:
     if not len(table):
         return np.zeros((0, _COLUMNS))
     kind, count = table[:, 0], table[:, 1].astype(np.float64)
@@ -188,7 +202,7 @@ class Timing(NamedTuple):
     C_ALPHA ... C_WIRE: time = ``Model.weights`` . path), plus ``extra`` seconds of fixed costs."""
 
     time_s: float
-    path: np.ndarray
+    path: np.ndarray | None
     extra: float
 
 
@@ -259,7 +273,7 @@ def plan_costs(
             )
             for r in ranks
         )
-        ops = tuple(op_costs(p, itemsize) for p in plans)
+        ops = _plans_costs(plans, itemsize, None)
     else:
         segment_blocks = max(1, int(segment_bytes // (bytes_per_element * block)))
         plans = tuple(
@@ -276,7 +290,7 @@ def plan_costs(
             else build_compressed_plan(algorithm, r, world, count, block, segment_blocks, local_size)
             for r in ranks
         )
-        ops = tuple(op_costs(p, 4, bytes_per_element) for p in plans)
+        ops = _plans_costs(plans, 4, bytes_per_element)
     for x in ops:
         x.setflags(write=False)
     traffic = float(sum(x[:, TRAFFIC].sum() for x in ops)) * world / len(plans)
@@ -298,6 +312,10 @@ def _plus(a: _Time, b: _Time) -> _Time:
     return (a[0] + b[0], a[1] + b[1])
 
 
+def _scaled(t: _Time, f: float) -> _Time:
+    return (t[0] * f, t[1] * f)
+
+
 class PairLinks(NamedTuple):
     """Links that differ from one pair of ranks to another (a topology of nodes: pycoll.tuning.topology).
     [world, world] matrices indexed [sender, receiver], symmetric (a link is full duplex: its two ends
@@ -314,8 +332,13 @@ class PairLinks(NamedTuple):
 
 
 def critical_path(
-    costs: PlanCosts, weights: np.ndarray, fragment_bytes: float, pairs: PairLinks | None = None
-) -> _Time:
+    costs: PlanCosts,
+    weights: np.ndarray,
+    fragment_bytes: float,
+    pairs: PairLinks | None = None,
+    *,
+    composition: bool = True,
+) -> tuple[float, np.ndarray | None]:
     """When the last rank finishes, and what that time is made of, running the plans in the executor's
     order (plan.py, "Execution order"; the same walk as ``latency_hops``) with timed ops.
 
@@ -331,26 +354,40 @@ def critical_path(
 
     Of a rotation symmetric plan (``costs`` holds rank 0's alone) rank 0's ops are walked alone: rank p's
     k-th message to rank 0 leaves when rank 0's k-th message to rank -p does (every rank does the same at
-    the same times), and only rank 0's side of each link is timed."""
+    the same times), and only rank 0's side of each link is timed.
+
+    Returns (seconds, composition); without ``composition`` (what a choice needs) the walk adds plain
+    seconds, several times faster, and the composition is None."""
     world = costs.world
     symmetric = len(costs.plans) < world
     if symmetric and pairs is not None:
         raise ValueError("links that differ from pair to pair need every rank's plan (symmetric=False)")
     ranks = len(costs.plans)
-    zero = (0.0, np.zeros(_PARTS))
+    # A stretch of time: (seconds, composition) with composition, else seconds alone; the walk below adds
+    # (plus), takes the later (later) and scales (scaled) stretches, whichever they are.
     hop_vec = np.zeros(_PARTS)
     hop_vec[C_ALPHA] = 1.0
-    hop: _Time = (float(weights[C_ALPHA]), hop_vec)
-    channels: dict[tuple[int, int], deque[tuple[_Time, _Time, _Time]]] = {}
+    zero: Any
+    hop: Any
+    plus: Callable[[Any, Any], Any]
+    later: Callable[[Any, Any], Any]
+    scaled: Callable[[Any, float], Any]
+    if composition:
+        zero, hop = (0.0, np.zeros(_PARTS)), (float(weights[C_ALPHA]), hop_vec)
+        plus, later, scaled = _plus, _later, _scaled
+    else:
+        zero, hop = 0.0, float(weights[C_ALPHA])
+        plus, later, scaled = operator.add, max, operator.mul
+    channels: dict[tuple[int, int], deque[tuple[Any, Any, Any]]] = {}
     ports = 1 if pairs is None else int(pairs.port.max()) + 1
-    send_port: list[list[_Time]] = [[zero] * ports for _ in range(ranks)]
-    recv_port: list[list[_Time]] = [[zero] * ports for _ in range(ranks)]
+    send_port: list[list[Any]] = [[zero] * ports for _ in range(ranks)]
+    recv_port: list[list[Any]] = [[zero] * ports for _ in range(ranks)]
 
-    def hop_of(src: int, dst: int) -> _Time:
+    def hop_of(src: int, dst: int) -> Any:
         if pairs is None:
             return hop
         a = float(pairs.alpha_s[src, dst])
-        return (a, hop_vec * a)
+        return (a, hop_vec * a) if composition else a
 
     def port_of(src: int, dst: int) -> int:
         return 0 if pairs is None else int(pairs.port[src, dst])
@@ -373,6 +410,8 @@ def critical_path(
         cpu_t, wire_t = cpu_v @ weights, wire_v @ weights
         moved = np.maximum(table[:, SENT], table[:, RECEIVED])
         phis = np.where(moved > fragment_bytes, fragment_bytes / np.maximum(moved, 1.0), 1.0)
+        if not composition:  # plain floats: the walk reads them op by op
+            cpu_t, wire_t, phis = cpu_t.tolist(), wire_t.tolist(), phis.tolist()
         steps = []
         index = 0
         for step in plan.steps:
@@ -395,32 +434,30 @@ def critical_path(
             steps.append((free, ordered, waits_for))
         layouts.append((steps, cpu_t, cpu_v, wire_t, wire_v, phis))
 
-    def cost(r: int, i: int) -> tuple[_Time, _Time, float]:
+    def cost(r: int, i: int) -> tuple[Any, Any, float]:
         _, cpu_t, cpu_v, wire_t, wire_v, phis = layouts[r]
+        if not composition:
+            return cpu_t[i], wire_t[i], phis[i]
         return (float(cpu_t[i]), cpu_v[i]), (float(wire_t[i]), wire_v[i]), float(phis[i])
 
-    def scaled(t: _Time, f: float) -> _Time:
-        return (t[0] * f, t[1] * f)
-
-    def post(r: int, peer: int, first: _Time, last: _Time, wire: _Time, phi: float) -> None:
+    def post(r: int, peer: int, first: Any, last: Any, wire: Any, phi: float) -> None:
         port = port_of(r, peer)
-        start = _later(send_port[r][port], first)
-        send_port[r][port] = _later(_plus(start, wire), last)
-        channels.setdefault((r, peer), deque()).append(
-            (_plus(start, scaled(wire, phi)), send_port[r][port], wire)
-        )
+        start = later(send_port[r][port], first)
+        send_port[r][port] = later(plus(start, wire), last)
+        queue = channels.setdefault((r, peer), deque())
+        queue.append((plus(start, scaled(wire, phi)), send_port[r][port], wire))
 
-    def send_now(r: int, i: int, op: Op, at: _Time) -> _Time:
+    def send_now(r: int, i: int, op: Op, at: Any) -> Any:
         """A pure SEND run on the core from ``at``; returns when the core is free again."""
         c, w, phi = cost(r, i)
-        end = _plus(at, c)
-        post(r, op.send_peer, _plus(at, scaled(c, phi)), end, w, phi)
+        end = plus(at, c)
+        post(r, op.send_peer, plus(at, scaled(c, phi)), end, w, phi)
         return end
 
     step_of = [0] * ranks
     position = [0] * ranks
     started = [False] * ranks
-    cpu: list[_Time] = [zero] * ranks
+    cpu: list[Any] = [zero] * ranks
     active = list(range(ranks))
     while active:
         progressed = False
@@ -437,7 +474,7 @@ def critical_path(
                     i, op = ordered[position[r]]
                     c, w, phi = cost(r, i)
                     if op.kind == OpKind.COPY:
-                        cpu[r] = _plus(cpu[r], c)
+                        cpu[r] = plus(cpu[r], c)
                     else:
                         sender = op.recv_peer
                         queue = channels.get((0, -sender % world) if symmetric else (sender, r))
@@ -445,14 +482,14 @@ def critical_path(
                             break
                         first, last, mw = queue.popleft()
                         h, port = hop_of(sender, r), port_of(sender, r)
-                        first, last = _plus(first, h), _plus(last, h)
+                        first, last = plus(first, h), plus(last, h)
                         # The receiver's side of the link takes the message's wire time too.
-                        last = _later(last, _plus(recv_port[r][port], mw))
+                        last = later(last, plus(recv_port[r][port], mw))
                         recv_port[r][port] = last
-                        begin = _later(cpu[r], first)
-                        done = _later(_plus(begin, c), _plus(last, scaled(c, phi)))
+                        begin = later(cpu[r], first)
+                        done = later(plus(begin, c), plus(last, scaled(c, phi)))
                         if op.kind in _SENDS:
-                            post(r, op.send_peer, _plus(begin, scaled(c, phi)), done, w, phi)
+                            post(r, op.send_peer, plus(begin, scaled(c, phi)), done, w, phi)
                         cpu[r] = done
                         for j, queued in waits_for.get(i, ()):
                             cpu[r] = send_now(r, j, queued, cpu[r])
@@ -467,8 +504,8 @@ def critical_path(
             raise ValueError("the plans deadlock (check them with pycoll.algorithms.simulate)")
     end = zero
     for t in cpu:
-        end = _later(end, t)
-    return end
+        end = later(end, t)
+    return end if composition else (end, None)
 
 
 @dataclass(frozen=True)
@@ -650,7 +687,7 @@ class Model:
                 collective, algorithm, world, n, itemsize, segment, bpe, block, root, local,
                 symmetric=self.pairs is None,
             )  # fmt: skip
-            return self.timing(costs, algorithm, world, name, nbytes).time_s, costs.steps
+            return self.timing(costs, algorithm, world, name, nbytes, composition=False).time_s, costs.steps
 
         if segments > 2 * EXTRAPOLATE_SEGMENTS:
             n1, n2 = (max(1, int(count * k * EXTRAPOLATE_SEGMENTS / segments)) for k in (1, 2))
@@ -709,13 +746,16 @@ class Model:
             w[C_ALPHA] = w[C_WIRE] = 1.0
         return w
 
-    def timing(self, costs: PlanCosts, algorithm: str, world: int, codec: str, nbytes: int) -> Timing:
-        """The predicted time of a collective whose plans are ``costs``, and its composition."""
+    def timing(
+        self, costs: PlanCosts, algorithm: str, world: int, codec: str, nbytes: int, composition: bool = True
+    ) -> Timing:
+        """The predicted time of a collective whose plans are ``costs``, and its composition (None
+        without ``composition``)."""
         if costs.steps == 0:
             return Timing(0.0, np.zeros(_PARTS), 0.0)
         fragment = self.segment_bytes / 4 if self.fragment_bytes is None else self.fragment_bytes
         weights = self.weights(algorithm, world, codec, nbytes)
-        path_t, path = critical_path(costs, weights, fragment, self.pairs)
+        path_t, path = critical_path(costs, weights, fragment, self.pairs, composition=composition)
         extra = 0.0
         if codec != "none" and self.device.codec_step_s:
             extra = self.device.codec_step_s * costs.steps

@@ -430,7 +430,7 @@ def body_shrink_grow(comm, rank, world, victim, stamp_path, out_dir, delay=0.1):
 def body_no_fault_tolerance(comm, rank, world):
     """A communicator without a fault plane: shrink / grow / agree / join_address raise
     InvalidUsageError, and the communicator still works afterwards."""
-    out = {"has_plane": comm._plane is not None}
+    out = {"has_plane": comm.plane is not None}
     calls = {
         "shrink": lambda: comm.shrink(timeout=5),
         "grow": lambda: comm.grow(timeout=5),

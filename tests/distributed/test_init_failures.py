@@ -3,9 +3,14 @@ it: they raise PeerFailedError within a fraction of a second, naming that rank a
 waiting in the store until the deadline (300 s here, so the old behaviour fails these tests clearly).
 
 Failures injected on one rank of fresh ``python -c`` processes: a mismatched world size and Ctrl-C
-(SIGINT) in the rendezvous; an error while attaching shared memory, in the cost-model agreement (rank 0,
-which hosts the store) and a bad PYCOLL_SOCKET_IFNAME (TCP set-up) in the Communicator. A later
-communicator, and a later rendezvous, on the same store are not affected.
+(SIGINT) in the rendezvous; an error while making its transport, in rank 0's cost model (rank 0 hosts
+the store) and a bad PYCOLL_SOCKET_IFNAME (TCP set-up) in the Communicator. A later communicator, and a
+later rendezvous, on the same store are not affected.
+
+A rank SIGKILLed during the communicator's formation (pycoll/formation.py), which can announce nothing:
+before it published its host, before it published its links, while the fault plane forms. Every other
+rank raises, naming it: at once where the killed process was seen to exit (its pid, from the first
+round), else when rank 0's deadline for its record passes.
 
 No fixed ports (ports are chosen free just before use); every wait has a deadline.
 """
@@ -40,6 +45,7 @@ CHILD = r"""
 import json, os, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the test runner ignores SIGINT
 rank, world, port, fail_rank = (int(sys.argv[i]) for i in (1, 2, 3, 5))
+timeout = float(os.environ.get("TEST_INIT_TIMEOUT", "300"))
 mode = sys.argv[4]
 use_store = len(sys.argv) > 6
 import numpy as np
@@ -63,22 +69,28 @@ if rank == fail_rank:
             setattr(formation, name, original)  # once: a later init works
             raise OSError(f"injected failure in {what} on rank {rank}")
         setattr(formation, name, fail)
-    if mode == "shm":
-        inject("_attach_shared_memory", "shared-memory attach")
+    if mode == "transport":
+        inject("_native_communicator", "transport set-up")
     elif mode == "model":
-        inject("_agree_on_model", "model agreement")
+        inject("_root_model", "the cost model")
     elif mode == "world":
         world += 1
+    elif mode.startswith("kill-"):  # SIGKILL at that point of the formation: nothing can be announced
+        where = {"kill-hosts": "host_id", "kill-links": "_native_communicator", "kill-plane": "form_plane"}
+        def killed(*args, **kwargs):
+            say("FAILING", t=time.time(), type="SIGKILL")
+            os.kill(os.getpid(), signal.SIGKILL)
+        setattr(formation, where[mode], killed)
 
 store = TCPStoreClient("127.0.0.1", port, timeout=300.0) if use_store else None
 for attempt in range(2 if use_store else 1):
     start = time.time()
     try:
         if use_store:
-            comm = pycoll.init(rank=rank, world_size=world, store=store, timeout=300.0)
+            comm = pycoll.init(rank=rank, world_size=world, store=store, timeout=timeout)
         else:
             comm = pycoll.init(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                               timeout=300.0)
+                               timeout=timeout)
     except BaseException as exc:
         say("RESULT", ok=False, t=time.time(), start=start, type=type(exc).__name__, message=str(exc),
             peer=getattr(exc, "rank", None), error_type=getattr(exc, "error_type", None),
@@ -271,19 +283,53 @@ def test_a_later_rendezvous_on_the_same_store_is_not_affected():
 
 
 # ---- the communicator ----------------------------------------------------------------------------------
-def test_shared_memory_attach_failure_fails_the_others_at_once(ranks):
-    """Rank 1 fails while attaching shared memory (before it publishes its segment): the others, waiting
-    for it, fail at once naming it and its error."""
-    outputs = _run_job(ranks, "shm", fail_rank=1)
-    _check_others(outputs, 1, "OSError", "injected failure in shared-memory attach on rank 1")
+def test_transport_set_up_failure_fails_the_others_at_once(ranks):
+    """Rank 1 fails while making its transport (before it publishes its links): the others, waiting for
+    it, fail at once naming it and its error."""
+    outputs = _run_job(ranks, "transport", fail_rank=1)
+    _check_others(outputs, 1, "OSError", "injected failure in transport set-up on rank 1")
 
 
-def test_model_agreement_failure_on_the_store_host_fails_the_others_at_once(ranks):
+def test_model_failure_on_the_store_host_fails_the_others_at_once(ranks):
     """Rank 0, which hosts the store, fails before it hands out the cost model: ranks 1 and 2 fail at once
     naming it (it keeps the store up until they have read why)."""
     outputs = _run_job(ranks, "model", fail_rank=0)
-    delays = _check_others(outputs, 0, "OSError", "injected failure in model agreement on rank 0")
+    delays = _check_others(outputs, 0, "OSError", "injected failure in the cost model on rank 0")
     assert max(delays.values()) < 2.0, delays
+
+
+@pytest.mark.parametrize("mode", ["kill-links", "kill-plane"])
+def test_a_rank_killed_during_formation_is_named_by_every_rank_at_once(ranks, mode):
+    """Rank 2 of 6 is SIGKILLed before it publishes its links, or while the fault plane forms: it said
+    nothing, but its pid came with the first round, and every other rank raises PeerLostError naming it
+    within DETECT_LIMIT_S (the set-up deadline is 300 s)."""
+    world = 6
+    outputs = _run_job(ranks, mode, fail_rank=2, world=world)
+    killed_at = _lines(outputs[2], "FAILING")[0]["t"]
+    for rank in range(world):
+        if rank == 2:
+            continue
+        res = _lines(outputs[rank], "RESULT")[0]
+        assert not res["ok"] and res["type"] == "PeerLostError" and res["peer"] == 2, (rank, outputs[rank])
+        assert "rank 2" in res["message"], res
+        assert res["t"] - killed_at < DETECT_LIMIT_S, (rank, res["t"] - killed_at, res["message"])
+
+
+def test_a_rank_killed_before_it_published_anything_is_named_at_the_deadline(ranks):
+    """Rank 2 of 6 is SIGKILLed before the first round (no pid of it is known): rank 0 waits out the set-up
+    deadline (4 s here) for its record, then every rank raises CollectiveTimeoutError naming rank 2 (rank 0
+    publishes that in place of the table): nobody hangs, and the culprit is named."""
+    world, deadline = 6, 4.0
+    env_of = {r: {"TEST_INIT_TIMEOUT": str(deadline)} for r in range(world)}
+    outputs = _run_job(ranks, "kill-hosts", fail_rank=2, world=world, env_of=env_of)
+    killed_at = _lines(outputs[2], "FAILING")[0]["t"]
+    for rank in range(world):
+        if rank == 2:
+            continue
+        res = _lines(outputs[rank], "RESULT")[0]
+        assert not res["ok"] and res["type"] == "CollectiveTimeoutError", (rank, outputs[rank])
+        assert "rank(s) 2 of 6 did not reach pycoll.init's set-up" in res["message"], res
+        assert res["t"] - killed_at < deadline + 4.0, (rank, res["t"] - killed_at)
 
 
 def test_bad_socket_ifname_on_one_rank_fails_the_others_at_once(ranks):
@@ -299,16 +345,16 @@ def test_bad_socket_ifname_on_one_rank_fails_the_others_at_once(ranks):
 
 
 def test_a_later_communicator_on_the_same_store_is_not_affected(ranks):
-    """``init(store=...)`` on a store this process hosts: rank 1 fails attaching shared memory, the others
+    """``init(store=...)`` on a store this process hosts: rank 1 fails making its transport, the others
     fail at once; then every rank calls init again on the same store and all-reduces correctly."""
     server = TCPStoreServer("127.0.0.1", 0)
     try:
         for rank in range(WORLD):
-            ranks.start(rank, WORLD, server.port, "shm", fail_rank=1, store=True)
+            ranks.start(rank, WORLD, server.port, "transport", fail_rank=1, store=True)
         outputs = ranks.outputs()
     finally:
         server.close()
-    _check_others(outputs, 1, "OSError", "injected failure in shared-memory attach on rank 1")
+    _check_others(outputs, 1, "OSError", "injected failure in transport set-up on rank 1")
     for rank, out in outputs.items():
         results = _lines(out, "RESULT")
         assert len(results) == 2 and results[1]["ok"], f"rank {rank}'s second init:\n{out}"

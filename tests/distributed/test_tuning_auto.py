@@ -38,8 +38,9 @@ def test_every_rank_uses_the_same_model(rank_pool, world):
 def body_auto(comm, rank, world, seed):
     """On a model of a slow network (so that compressing pays), compression="auto" must run exactly the
     codec and algorithm the model picks, and stay within the error budget's intent."""
-    saved = comm.model
-    comm.model = Model.for_link("eth10", segment_bytes=comm.segment_bytes)
+    ctx = comm.context  # the formed group's facts, the model among them: swapped for this test's
+    saved = ctx.group
+    ctx.group = replace(saved, model=Model.for_link("eth10", segment_bytes=comm.segment_bytes))
     try:
         out = {}
         for count in (1000, 300_000):
@@ -74,7 +75,7 @@ def body_auto(comm, rank, world, seed):
             pycoll.allreduce(gaussian(rank, 10, seed), compression="auto", error_budget=-1.0)
         return out
     finally:
-        comm.model = saved
+        ctx.group = saved
 
 
 @pytest.mark.parametrize("world", (2, 4))

@@ -112,7 +112,7 @@ def test_plans_run_as_grouped_programs_with_the_codec_layout(fakes, comm):
     pycoll.allreduce(
         x, "avg", algorithm="ring", compression=pycoll.compression.Int8(block=64), residual=res, comm=comm
     )
-    plan, program, call = comm._gpu._native.runs[-1]
+    plan, program, call = comm.gpu()._native.runs[-1]
     assert isinstance(plan, _C.NativePlan) and isinstance(program, _C.GroupedProgram)
     assert (call.input, call.output, call.dtype, call.op, call.count) == (
         x.__cuda_array_interface__["data"][0],

@@ -1,9 +1,11 @@
 """Layers that import one way (docs/building.md, "Where each idea lives"), checked from the source without
 importing it.
 
-Every ``pycoll/**/*.py`` is parsed with :mod:`ast`; its imports (absolute and relative, at module level
-and inside functions; those under ``if TYPE_CHECKING:`` are left out, they never run) make the module
-import graph. The rules are data, one table (:data:`RULES`: layers, forbidden imports, the modules that
+Every ``pycoll/**/*.py`` is parsed with :mod:`ast`; its imports (absolute and relative, at module level,
+inside functions and under ``if TYPE_CHECKING:``) make the module import graph. Type-only imports count:
+they never run, but a module that names another's types depends on it as much as one that calls it, and
+a circle that only they close is a circle of parts that cannot be built or tested one without the other.
+The rules are data, one table (:data:`RULES`: layers, forbidden imports, the modules that
 may read the environment, kernel and binding directories); each test checks one rule over the real tree,
 and each rule has a self-test that builds a tiny tree breaking it in ``tmp_path`` and expects the checker
 to catch it.
@@ -147,9 +149,10 @@ def _runtime_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def load_tree(root: Path, package: str = "pycoll") -> Tree:
+def load_tree(root: Path, package: str = "pycoll", *, type_only: bool = True) -> Tree:
     """Parse every ``.py`` under ``root/package`` (``.pyi`` stubs and native modules count as modules
-    without edges) and collect the import edges among the package's modules."""
+    without edges) and collect the import edges among the package's modules; ``type_only``: with the
+    imports under ``if TYPE_CHECKING:`` (those that never run)."""
     tree = Tree()
     base = root / package
     for path in sorted(base.rglob("*")):
@@ -173,7 +176,7 @@ def load_tree(root: Path, package: str = "pycoll") -> Tree:
             continue
         where = path.relative_to(root)
         syntax = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in _runtime_nodes(syntax):
+        for node in ast.walk(syntax) if type_only else _runtime_nodes(syntax):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -468,10 +471,31 @@ def test_self_cycle_is_caught_with_its_path(tmp_path: Path) -> None:
     )
     tree = load_tree(root)
     assert find_cycles(tree) == [["pycoll.a", "pycoll.b", "pycoll.c", "pycoll.a"]]
-    # An import under TYPE_CHECKING is no edge; its else branch is.
-    assert not any(e.importer == "pycoll.d" for e in tree.edges)
+    # An import under TYPE_CHECKING is an edge (it is left out only when asked: type_only=False); its else
+    # branch is one either way.
+    assert any(e.importer == "pycoll.d" and e.imported == "pycoll.a" for e in tree.edges)
+    assert not any(e.importer == "pycoll.d" for e in load_tree(root, type_only=False).edges)
     _write(root, {"pycoll/d.py": "if TYPE_CHECKING:\n    pass\nelse:\n    import pycoll.a\n"})
-    assert any(e.importer == "pycoll.d" and e.imported == "pycoll.a" for e in load_tree(root).edges)
+    assert any(
+        e.importer == "pycoll.d" and e.imported == "pycoll.a" for e in load_tree(root, type_only=False).edges
+    )
+
+
+def test_self_a_cycle_closed_by_a_type_only_import_is_caught(tmp_path: Path) -> None:
+    """comm imports dispatch, and dispatch names the Communicator's type only: still a circle."""
+    root = _write(
+        tmp_path,
+        {
+            "pycoll/__init__.py": "",
+            "pycoll/comm.py": "from pycoll.dispatch import Dispatcher\n",
+            "pycoll/dispatch.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pycoll.comm import Communicator\n"
+            ),
+        },
+    )
+    assert find_cycles(load_tree(root)) == [["pycoll.comm", "pycoll.dispatch", "pycoll.comm"]]
+    assert find_cycles(load_tree(root, type_only=False)) == []
 
 
 def test_self_relative_imports_resolve(tmp_path: Path) -> None:
