@@ -8,9 +8,10 @@ pycoll beside Gloo in the same run (issue 51).
 
 Every point starts ``--ranks`` fresh processes on this machine with the torchrun variables (RANK,
 WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT, LOCAL_RANK...): rank 0 hosts the rendezvous store
-(pycoll's own, or Gloo's TCPStore), as under torchrun. Each rank imports its library first and says so;
-only when every rank has, this script sends the phases' start signals through the ranks' standard input,
-so that no phase counts another process's interpreter start-up:
+(pycoll's own, or Gloo's TCPStore), as under torchrun. Each rank imports its library first (the modules
+init runs: ``pycoll.api``, ``torch.distributed``) and says so; only when every rank has, this script sends
+the phases' start signals through the ranks' standard input, so that no phase counts another process's
+interpreter start-up or imports:
 
     init        go -> ``pycoll.init()`` (``PYCOLL_TRANSPORT`` shm or tcp) or
                 ``dist.init_process_group("gloo")`` returned; the slowest rank's time from the signal
@@ -19,7 +20,8 @@ so that no phase counts another process's interpreter start-up:
     later call  the median of 20 more such all-reduces on rank 0 (after the first)
     idle CPU    the processes' CPU time (every thread) over ``--idle`` seconds of doing nothing after
                 them, summed over the ranks: cores the job burns while the user computes
-    fds         open file descriptors per rank (max), after the calls
+    fds         open file descriptors per rank, after the calls: the median rank's, and the most (rank 0's
+                counts its store's connections to every rank)
     memory      resident (RSS) and proportional (PSS: shared pages divided among their users) memory per
                 rank, mean, in MiB
 
@@ -88,6 +90,7 @@ def rank_main(lib: str, idle_s: float) -> int:
         import torch.distributed as dist
     else:
         import pycoll
+        import pycoll.api  # noqa: F401 - what init runs (pycoll imports it at first use)
     out: dict[str, Any] = {"rank": rank}
 
     def phase() -> float:
@@ -269,7 +272,8 @@ def run_point(lib: str, ranks: int, idle_s: float, deadline_s: float, before: st
             "later_s": calls[0]["later_s"],
             "wrong": sum(r["wrong"] for r in calls),
             "idle_cores": sum(r["idle_cores"] for r in idle),
-            "fds": max(r["fds"] for r in idle),
+            "fds": statistics.median(r["fds"] for r in idle),
+            "fds_max": max(r["fds"] for r in idle),
             "rss_mib": statistics.mean(r["rss_mib"] for r in idle),
             "pss_mib": statistics.mean(r["pss_mib"] for r in idle),
         }
@@ -288,7 +292,7 @@ def _median(points: list[Point], key: str) -> float | None:
 def table(results: dict[tuple[str, int], list[Point]], libs: list[str], sizes: list[int],
           exponent: tuple[int, int]) -> str:
     rows = ["| library | ranks | init (s) | first call (s) | later call (ms) | idle CPU (cores) "
-            "| fds per rank | RSS / PSS per rank (MiB) | failed |",
+            "| fds per rank (max) | RSS / PSS per rank (MiB) | failed |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for lib in libs:
         for n in sizes:
@@ -300,7 +304,8 @@ def table(results: dict[tuple[str, int], list[Point]], libs: list[str], sizes: l
                 return "—" if v is None else format(v * scale, fmt)
             fail = f"{len(failed)}/{len(points)}: {failed[0].error[:80]}" if failed else ""
             rows.append(f"| {lib} | {n} | {f('init_s', '.2f')} | {f('first_s', '.3f')} | "
-                        f"{f('later_s', '.2f', 1e3)} | {f('idle_cores', '.3f')} | {f('fds', '.0f')} | "
+                        f"{f('later_s', '.2f', 1e3)} | {f('idle_cores', '.3f')} | {f('fds', '.0f')} "
+                        f"({f('fds_max', '.0f')}) | "
                         f"{f('rss_mib', '.0f')} / {f('pss_mib', '.0f')} | {fail if ok or failed else ''} |")
     lo, hi = exponent
     lines = ["", f"init growth exponent {lo} -> {hi} ranks (log(t{hi} / t{lo}) / log({hi} / {lo})):"]

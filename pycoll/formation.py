@@ -22,7 +22,6 @@ process has exited (its pid, from the first round) is found at once.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import json
@@ -36,6 +35,7 @@ from typing import Any, Callable, Sequence
 from pycoll import _C, auto
 from pycoll.bootstrap import Store
 from pycoll.bootstrap.net import interface_address, reachable_address
+from pycoll.bootstrap.store.adapters import get_many
 from pycoll.context import Context, Group
 from pycoll.env import Settings, rendezvous_secret, usable_cpus
 from pycoll.errors import (
@@ -145,28 +145,28 @@ def gather(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every rank's record of round ``name`` (``mine`` on this rank) in rank order, and what rank 0 added
     (``extra()``, called on rank 0 alone). Each rank sets its record and reads one table; rank 0 reads the
-    n records and sets the table. ``gone(r)`` says why rank r will never publish (its process exited), or
-    None. A rank missing after ``timeout`` (or gone) is named in the error every rank raises."""
+    n records (one request: ``get_many``) and sets the table. ``gone(r)`` says why rank r will never
+    publish (its process exited), or None. A rank missing after ``timeout`` (or gone) is named in the
+    error every rank raises."""
     if rank != 0:
         store.set(f"round/{name}/{rank}", json.dumps(mine).encode())
         wait = timeout + _ROOT_GRACE_S
-        table = _wait_json(store, f"round/{name}/all", wait, lambda: gone(0), f"rank 0's {name} table")
+        key = f"round/{name}/all"
+        (data,) = _wait_all(store, [key], wait, [0], gone, f"rank 0's {name} table")
+        table = json.loads(data)
         failure = table.get("error")
         if failure is not None:
             raise _error_from(failure)
         return table["ranks"], table["extra"]
-    records: list[dict[str, Any]] = [mine]
-    deadline = time.monotonic() + timeout
+    others = list(range(1, world))
     try:
-        for r in range(1, world):
-            left = max(0.0, deadline - time.monotonic())
-            why: Callable[[], str | None] = functools.partial(gone, r)
-            records.append(_wait_json(store, f"round/{name}/{r}", left, why, f"rank {r}"))
+        keys = [f"round/{name}/{r}" for r in others]
+        records = [mine] + [json.loads(v) for v in _wait_all(store, keys, timeout, others, gone, "the ranks")]
         added = extra() if extra is not None else {}
     except PeerFailedError:
         raise  # a rank that failed told every rank itself (pycoll/bootstrap/failfast.py)
     except PycollError as exc:
-        missing = _missing(store, name, range(len(records), world))
+        missing = _missing(store, name, others)
         error = _round_error(exc, name, world, missing, timeout)
         try:
             store.set(f"round/{name}/all", json.dumps({"error": error}).encode())
@@ -177,41 +177,53 @@ def gather(
     return records, added
 
 
-def _missing(store: Store, name: str, ranks: range) -> list[int]:
-    """Of ``ranks`` (the first of which rank 0 gave up on), those whose record of round ``name`` is not
-    there: named in the error (a store without ``check`` names the first alone)."""
+def _missing(store: Store, name: str, ranks: list[int]) -> list[int] | None:
+    """Of ``ranks``, those whose record of round ``name`` is not there (None: the store cannot tell)."""
     check: Callable[[list[str]], bool] | None = getattr(store, "check", None)
     if check is None:
-        return list(ranks[:1])
+        return None
     try:
-        return [r for r in ranks if r == ranks[0] or not check([f"round/{name}/{r}"])]
+        return [r for r in ranks if not check([f"round/{name}/{r}"])]
     except PycollError:
-        return list(ranks[:1])
+        return None
 
 
-def _wait_json(store: Store, key: str, timeout: float, gone: Callable[[], str | None], what: str) -> Any:
+def _wait_all(
+    store: Store,
+    keys: list[str],
+    timeout: float,
+    ranks: list[int],
+    gone: Callable[[int], str | None],
+    what: str,
+) -> list[bytes]:
+    """``keys``' values once all exist (``get_many``), looking between slices whether one of ``ranks``
+    (those who write them) is gone: PeerLostError naming it then, CollectiveTimeoutError at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         try:
-            return json.loads(store.get(key, max(0.0, min(_SLICE_S, left))))
+            return get_many(store, keys, max(0.0, min(_SLICE_S, left)))
+        except PeerFailedError:
+            raise
         except CollectiveTimeoutError:
-            why = gone()
-            if why is not None:
-                raise PeerLostError(f"{what}: {why}") from None
+            for r in ranks:
+                why = gone(r)
+                if why is not None:
+                    raise PeerLostError(why, rank=r) from None
             if left <= _SLICE_S:
-                raise CollectiveTimeoutError(f"{what} did not publish its set-up record in time") from None
+                raise CollectiveTimeoutError(f"{what} did not publish the set-up records in time") from None
 
 
 def _round_error(
-    exc: PycollError, name: str, world: int, missing: list[int], timeout: float
+    exc: PycollError, name: str, world: int, missing: list[int] | None, timeout: float
 ) -> dict[str, Any]:
     """What every rank raises when round ``name`` failed on rank 0 (``exc``; ``missing``: the ranks whose
-    records did not come, the first of which ``exc`` is about)."""
+    records did not come)."""
+    gone = getattr(exc, "rank", -1)
+    if isinstance(exc, PeerLostError) and gone >= 0:
+        text = f"rank {gone} of {world} exited during pycoll.init's set-up ({exc})"
+        return {"type": "PeerLostError", "rank": gone, "message": text}
     first = missing[0] if missing else -1
-    if isinstance(exc, PeerLostError) and first >= 0:
-        text = f"rank {first} of {world} exited during pycoll.init's set-up ({exc})"
-        return {"type": "PeerLostError", "rank": first, "message": text}
     if isinstance(exc, CollectiveTimeoutError) and missing:
         text = (
             f"rank(s) {ranks_text(missing)} of {world} did not reach pycoll.init's set-up (round {name!r}) "

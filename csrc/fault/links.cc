@@ -287,7 +287,8 @@ void ControlLinks::read_frames(int peer) {
 void ControlLinks::write_out(int peer) {
   Link& l = links_[peer];
   while (l.out_off < l.out.size()) {
-    const ssize_t k = ::send(l.fd.get(), l.out.data() + l.out_off, l.out.size() - l.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t k =
+        ::send(l.fd.get(), l.out.data() + l.out_off, l.out.size() - l.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       return close_link(peer, "its control link failed (" + net::errno_text("send") + ")", true);

@@ -97,15 +97,15 @@ class ControlLinks {
 
   void loop();
   void wake();
-  void event(int peer, char kind, std::string data);                     // mu_ held
-  void link_up(int peer, UniqueFd fd, const std::string& first);          // mu_ held
-  void close_link(int peer, const std::string& why, bool report);         // mu_ held
-  void fail_dial(int peer, const std::string& why);                       // mu_ held
-  void on_connected(int peer);                                            // mu_ held
-  void read_challenge(int peer);                                          // mu_ held
-  void read_frames(int peer);                                             // mu_ held
-  void write_out(int peer);                                               // mu_ held
-  void tick(Clock::time_point now);                                       // mu_ held
+  void event(int peer, char kind, std::string data);               // mu_ held
+  void link_up(int peer, UniqueFd fd, const std::string& first);   // mu_ held
+  void close_link(int peer, const std::string& why, bool report);  // mu_ held
+  void fail_dial(int peer, const std::string& why);                // mu_ held
+  void on_connected(int peer);                                     // mu_ held
+  void read_challenge(int peer);                                   // mu_ held
+  void read_frames(int peer);                                      // mu_ held
+  void write_out(int peer);                                        // mu_ held
+  void tick(Clock::time_point now);                                // mu_ held
 
   std::shared_ptr<ControlListener> listener_;
   const LinksConfig config_;
@@ -116,7 +116,7 @@ class ControlLinks {
   std::vector<Link> links_;
   std::vector<std::pair<int, std::string>> failures_;
   std::deque<Event> events_;
-  uint64_t made_ = 0;   // events made so far
+  uint64_t made_ = 0;    // events made so far
   uint64_t passes_ = 0;  // I/O passes done so far (settle waits for one more)
   int settling_ = 0;     // callers waiting in settle (the I/O thread does not sleep meanwhile)
   bool stop_ = false;

@@ -84,8 +84,7 @@ void ControlListener::forget(const std::string& plane) {
 
 bool ControlListener::next_join(double timeout_s, Join* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
-               [&] { return !joins_.empty() || stop_; });
+  cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] { return !joins_.empty() || stop_; });
   if (joins_.empty()) return false;
   *out = std::move(joins_.front());
   joins_.pop_front();

@@ -71,9 +71,9 @@ class ControlListener {
   struct Pending {
     UniqueFd fd;
     std::string challenge;
-    std::string out;      // the challenge frame, until written
+    std::string out;  // the challenge frame, until written
     size_t out_off = 0;
-    std::string in;       // the frame being read: 4 bytes of length, then the body
+    std::string in;  // the frame being read: 4 bytes of length, then the body
     Clock::time_point give_up;
   };
   struct Parked {

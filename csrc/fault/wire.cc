@@ -71,8 +71,7 @@ std::string hello_body(const Hello& h) {
 }
 
 bool parse_hello(const std::string& body, Hello* out) {
-  if (body.size() < kHelloFixed + kProofBytes || body[0] != kHelloTag ||
-      static_cast<uint8_t>(body[1]) != kHelloVersion)
+  if (body.size() < kHelloFixed + kProofBytes || body[0] != kHelloTag || static_cast<uint8_t>(body[1]) != kHelloVersion)
     return false;
   const auto* p = reinterpret_cast<const uint8_t*>(body.data());
   const size_t plane = get16(p + 10), token = get16(p + 12);

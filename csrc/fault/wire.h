@@ -34,8 +34,8 @@ std::string challenge_body(const std::string& challenge_hex);
 std::string parse_challenge(const std::string& body);
 
 struct Hello {
-  int rank = -1;  // the dialler's
-  int to = -1;    // the rank it means to reach
+  int rank = -1;                    // the dialler's
+  int to = -1;                      // the rank it means to reach
   std::string plane, token, proof;  // proof: 32 bytes, or 32 zero bytes without a secret
 };
 std::string hello_body(const Hello& h);

@@ -40,19 +40,19 @@ void bind_fault(py::module_& m) {
           "the next join request: (fd, challenge, JSON body), the caller owning fd; None after timeout_s");
 
   py::class_<ControlLinks>(m, "ControlLinks")
-      .def(py::init([](std::shared_ptr<ControlListener> listener, int rank, int world, const std::string& plane,
-                       const std::string& token, double heartbeat_timeout_s,
-                       const std::vector<std::string>& addresses) {
-             fault::LinksConfig config;
-             config.rank = rank;
-             config.world = world;
-             config.plane = plane;
-             config.token = token;
-             config.heartbeat_timeout_s = heartbeat_timeout_s;
-             return std::make_unique<ControlLinks>(std::move(listener), config, addresses);
-           }),
-           py::arg("listener"), py::arg("rank"), py::arg("world"), py::arg("plane"), py::arg("token"),
-           py::arg("heartbeat_timeout_s"), py::arg("addresses"))
+      .def(
+          py::init([](std::shared_ptr<ControlListener> listener, int rank, int world, const std::string& plane,
+                      const std::string& token, double heartbeat_timeout_s, const std::vector<std::string>& addresses) {
+            fault::LinksConfig config;
+            config.rank = rank;
+            config.world = world;
+            config.plane = plane;
+            config.token = token;
+            config.heartbeat_timeout_s = heartbeat_timeout_s;
+            return std::make_unique<ControlLinks>(std::move(listener), config, addresses);
+          }),
+          py::arg("listener"), py::arg("rank"), py::arg("world"), py::arg("plane"), py::arg("token"),
+          py::arg("heartbeat_timeout_s"), py::arg("addresses"))
       .def("wait_formed", &ControlLinks::wait_formed, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("failures", &ControlLinks::failures)
       .def(

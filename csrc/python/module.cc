@@ -318,8 +318,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("tcp_port", [](Communicator& c) { return c.tcp().listen_port(); })
       .def(
           "set_tcp_peers",
-          [](Communicator& c, const std::vector<std::string>& addresses, const py::bytes& key,
-             double dial_timeout_s) { c.tcp().set_peers(addresses, std::string(key), dial_timeout_s); },
+          [](Communicator& c, const std::vector<std::string>& addresses, const py::bytes& key, double dial_timeout_s) {
+            c.tcp().set_peers(addresses, std::string(key), dial_timeout_s);
+          },
           py::arg("addresses"), py::arg("key"), py::arg("dial_timeout_s"),
           "where the peers listen and the job's key; each link is made at its first use")
       .def_property_readonly("segment_bytes", [](Communicator& c) { return c.transport().segment_bytes(); })

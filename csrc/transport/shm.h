@@ -124,8 +124,8 @@ class ShmTransport final : public MemberTransport {
   std::unique_ptr<int[]> mapped_;
   std::atomic<int> n_mapped_{0};
   mutable std::mutex map_mu_;
-  std::vector<UniqueFd> pidfds_;    // none where pidfd_open is unavailable (then /proc is read)
-  std::vector<int> pids_, fds_;     // where each peer's segment is (set_peers)
+  std::vector<UniqueFd> pidfds_;  // none where pidfd_open is unavailable (then /proc is read)
+  std::vector<int> pids_, fds_;   // where each peer's segment is (set_peers)
   // Local copies of the ring counters, so the shared ones are read only when a ring looks full / empty.
   std::vector<uint64_t> send_head_, send_tail_seen_, recv_tail_, recv_head_seen_;
   Doorbell bell_;  // this rank's wake word and sleeping flag (in its control block)

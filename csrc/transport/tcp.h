@@ -135,13 +135,13 @@ class TcpTransport final : public MemberTransport {
   };
 
   // The links (tcp_links.cc), mu_ held.
-  void want(int peer);                    // the executor needs `peer`: dial it unless linked or dialling
-  void ensure_rings(Peer& p);             // the peer's rings, made when it is first wanted or linked
-  void link_up(int peer, UniqueFd fd);    // this connection is the link to `peer`
-  void start_dials();                     // every wanted peer not dialled yet is dialled now
-  void advance_dial(int peer);            // moves a dial's handshake on
-  void accept_incoming();                 // new connections to the listening socket
-  bool advance_incoming(Incoming& in);    // moves an accepted connection's handshake on (true: over)
+  void want(int peer);                  // the executor needs `peer`: dial it unless linked or dialling
+  void ensure_rings(Peer& p);           // the peer's rings, made when it is first wanted or linked
+  void link_up(int peer, UniqueFd fd);  // this connection is the link to `peer`
+  void start_dials();                   // every wanted peer not dialled yet is dialled now
+  void advance_dial(int peer);          // moves a dial's handshake on
+  void accept_incoming();               // new connections to the listening socket
+  bool advance_incoming(Incoming& in);  // moves an accepted connection's handshake on (true: over)
   void expire_dials(std::chrono::steady_clock::time_point now);
   size_t slot_stride() const;
   uint8_t* send_slot(Peer& p, uint64_t i);

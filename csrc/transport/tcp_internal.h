@@ -41,8 +41,8 @@ struct AbortHead {
 // The connection handshake (see tcp.h): four messages, then the connection carries frames.
 constexpr uint64_t kHelloMagic = 0x33706374637970ull;  // "pyctcp3" (version 3: links made at first use)
 constexpr uint64_t kChallengeMagic = 0x33686374637970ull;
-constexpr uint64_t kVerdictLink = 0x6b6e696c746376ull;     // "vctlink": this connection is the link
-constexpr uint64_t kVerdictDouble = 0x6c627564746376ull;   // "vctdubl": both dialled; the lower rank's wins
+constexpr uint64_t kVerdictLink = 0x6b6e696c746376ull;    // "vctlink": this connection is the link
+constexpr uint64_t kVerdictDouble = 0x6c627564746376ull;  // "vctdubl": both dialled; the lower rank's wins
 constexpr size_t kNonceBytes = 16;
 // A connection that has not finished its handshake after this long is dropped.
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
@@ -95,8 +95,8 @@ struct TcpTransport::Dial {
   std::chrono::steady_clock::time_point give_up{};   // this attempt's handshake must be over by then
   std::chrono::steady_clock::time_point deadline{};  // the peer counts as lost if no attempt made the link by then
   std::chrono::steady_clock::time_point retry_at{};  // kPaused: the next attempt starts then
-  std::string last;              // why the last attempt failed
-  bool impostor = false;         // a listener answered at the address without the key
+  std::string last;                                  // why the last attempt failed
+  bool impostor = false;                             // a listener answered at the address without the key
 };
 
 // A connection accepted on the listening socket, until its dialler is proven (or not).

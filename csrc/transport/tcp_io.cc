@@ -280,7 +280,8 @@ void TcpTransport::io_loop() {
       }
     }
     // Connections accepted in this pass start their handshake at once (the Hello is usually there).
-    for (size_t k = incoming_before; k < incoming_.size(); ++k) incoming_over.push_back(advance_incoming(*incoming_[k]));
+    for (size_t k = incoming_before; k < incoming_.size(); ++k)
+      incoming_over.push_back(advance_incoming(*incoming_[k]));
     for (size_t k = incoming_over.size(); k-- > 0;)
       if (incoming_over[k]) incoming_.erase(incoming_.begin() + static_cast<std::ptrdiff_t>(k));
     expire_dials(Clock::now());

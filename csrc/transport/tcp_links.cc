@@ -77,8 +77,7 @@ void TcpTransport::start_dials() {
   const Clock::time_point now = Clock::now();
   for (int r = 0; r < world_; ++r) {
     Peer& p = peers_[r];
-    if (p.lost || !(p.link == Link::kWanted || (p.link == Link::kDialing && p.dial->stage == Dial::kPaused)))
-      continue;
+    if (p.lost || !(p.link == Link::kWanted || (p.link == Link::kDialing && p.dial->stage == Dial::kPaused))) continue;
     if (p.link == Link::kWanted) {
       if (addresses_[r].empty()) {
         mark_lost(p, "rank " + std::to_string(r) + " is not reached over TCP from rank " + std::to_string(rank_));
@@ -120,12 +119,12 @@ void TcpTransport::advance_dial(int peer) {
     if (!error.empty()) {
       d.fd.reset();
       if (d.impostor)  // an earlier attempt reached a listener without the key: the likelier cause
-        return mark_lost(p, "rank " + std::to_string(rank_) + " could not connect to rank " + std::to_string(peer) +
-                                " at " + addresses_[peer] +
-                                " (whoever listens there did not prove it holds this job's key; last attempt: " +
-                                error + ")");
-      return mark_lost(p, "rank " + std::to_string(peer) + " cannot be reached at " + addresses_[peer] + " (" +
-                              error + "): its process has exited, or the address is wrong");
+        return mark_lost(
+            p, "rank " + std::to_string(rank_) + " could not connect to rank " + std::to_string(peer) + " at " +
+                   addresses_[peer] +
+                   " (whoever listens there did not prove it holds this job's key; last attempt: " + error + ")");
+      return mark_lost(p, "rank " + std::to_string(peer) + " cannot be reached at " + addresses_[peer] + " (" + error +
+                              "): its process has exited, or the address is wrong");
     }
     d.hello = Hello{kHelloMagic, rank_, world_, peer, 0, {}};
     random_bytes(d.hello.nonce, kNonceBytes);
@@ -237,9 +236,8 @@ void TcpTransport::expire_dials(Clock::time_point now) {
       d.retry_at = now;
     }
     if (d.stage == Dial::kPaused && now >= d.deadline) {
-      const std::string why = d.impostor
-                                  ? "whoever listens there did not prove it holds this job's key; last attempt: "
-                                  : "";
+      const std::string why =
+          d.impostor ? "whoever listens there did not prove it holds this job's key; last attempt: " : "";
       mark_lost(p, "rank " + std::to_string(rank_) + " could not connect to rank " + std::to_string(r) + " at " +
                        addresses_[r] + " (" + why + d.last + ") within " +
                        std::to_string(std::chrono::duration<double>(dial_timeout_).count()) + " s");
@@ -255,8 +253,7 @@ void TcpTransport::expire_dials(Clock::time_point now) {
                   incoming_.end());
 }
 
-void TcpTransport::set_peers(const std::vector<std::string>& addresses, const std::string& key,
-                             double dial_timeout_s) {
+void TcpTransport::set_peers(const std::vector<std::string>& addresses, const std::string& key, double dial_timeout_s) {
   if (static_cast<int>(addresses.size()) != world_) throw Error(ErrorKind::kInternal, "need one address per rank");
   if (key.size() < 16) throw Error(ErrorKind::kInternal, "the TCP handshake key must have at least 16 bytes");
   for (int r = 0; r < world_; ++r) {

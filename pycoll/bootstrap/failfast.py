@@ -37,6 +37,7 @@ import time
 from typing import Callable, TypeVar
 
 from pycoll.bootstrap.store import Store
+from pycoll.bootstrap.store.adapters import get_many
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PeerFailedError
 
 __all__ = ["LINGER_S", "SLICE_S", "FailFastStore"]
@@ -92,6 +93,10 @@ class FailFastStore:
     def wait(self, keys: list[str], timeout: float | None = None) -> None:
         keys = list(keys)
         self._sliced(lambda seconds: self.store.wait(keys, seconds), timeout)
+
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        keys = list(keys)
+        return self._sliced(lambda seconds: get_many(self.store, keys, seconds), timeout)
 
     def check(self, keys: list[str]) -> bool:
         check = getattr(self.store, "check", None)

@@ -50,6 +50,8 @@ log = logging.getLogger("pycoll")
 _UNCLAIMED_MAX = 4096
 #: How long leaving the plane waits for its goodbyes to be written.
 _FLUSH_S = 2.0
+#: Forming a plane looks whether a member it waits for is gone this often (seconds).
+_FORM_SLICE_S = 0.25
 
 Listener = Callable[[str, int, str], None]  # (kind: "dead" | "revoked" | "evicted", rank, why)
 
@@ -336,7 +338,9 @@ def form(
     try:
         while True:
             left = deadline - time.monotonic()
-            missing = links.wait_formed(max(0.0, min(left, 0.05)))  # the GIL is released while it waits
+            # Returns as soon as every link is up; between slices, whether a member is gone. The GIL is
+            # released while it waits.
+            missing = links.wait_formed(max(0.0, min(left, _FORM_SLICE_S)))
             for r, failure in links.failures():
                 raise PeerLostError(f"rank {r} of the new communicator cannot be reached: {failure}", rank=r)
             if not missing:

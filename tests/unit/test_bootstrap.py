@@ -106,6 +106,43 @@ def test_set_get_add_delete_check(client):
     assert client.get("big") == big
 
 
+def test_multi_get_answers_every_value_at_once_when_the_last_key_is_set(server, client):
+    """One request for a round's table: parked until the last key exists, values in the keys' order;
+    a timeout names the keys still missing; the same through PrefixStore and FailFastStore, and get_many
+    falls back to one get per key on a store without it."""
+    from pycoll.bootstrap.failfast import FailFastStore
+    from pycoll.bootstrap.store.adapters import get_many
+
+    keys = [f"k{i}" for i in range(50)]
+    for k in keys[:-1]:
+        client.set(k, k.encode() * 3)
+    other = TCPStoreClient("127.0.0.1", server.port, timeout=DEADLINE)
+    try:
+        setter = threading.Timer(0.3, lambda: other.set(keys[-1], b"last"))
+        setter.start()
+        start = time.monotonic()
+        values = client.multi_get(keys, timeout=DEADLINE)
+        assert 0.25 < time.monotonic() - start < DEADLINE
+        assert values == [k.encode() * 3 for k in keys[:-1]] + [b"last"]
+        with pytest.raises(CollectiveTimeoutError, match="nope"):
+            client.multi_get(["k1", "nope"], timeout=0.2)
+        assert client.get("k1") == b"k1k1k1"  # the stream is still in sync after a timeout
+        prefixed = PrefixStore(client, "p")
+        prefixed.set("a", b"1")
+        prefixed.set("b", b"2")
+        assert prefixed.multi_get(["b", "a"]) == [b"2", b"1"]
+        watched = FailFastStore(prefixed, "failure", rank=0, timeout=DEADLINE)
+        assert watched.multi_get(["a", "b"], timeout=1.0) == [b"1", b"2"]
+
+        class Plain:  # the Store interface without multi_get
+            def get(self, key, timeout=None):
+                return client.get(key, timeout)
+
+        assert get_many(Plain(), ["k2", "k3"], 1.0) == [b"k2k2k2", b"k3k3k3"]  # type: ignore[arg-type]
+    finally:
+        other.close()
+
+
 def test_add_on_non_integer_is_usage_error(client):
     client.set("s", b"hello")
     with pytest.raises(InvalidUsageError, match="'s'"):

@@ -15,7 +15,7 @@ from typing import Any
 from pycoll.bootstrap.store.protocol import Store, _as_bytes, _fmt_seconds
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PeerLostError
 
-__all__ = ["PrefixStore", "TorchStoreAdapter"]
+__all__ = ["PrefixStore", "TorchStoreAdapter", "get_many"]
 
 
 class PrefixStore:
@@ -51,6 +51,9 @@ class PrefixStore:
             raise InvalidUsageError(f"{type(self.store).__name__} has no check()")
         return bool(check([self._k(k) for k in keys]))
 
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        return get_many(self.store, [self._k(k) for k in keys], timeout)
+
     def delete(self, key: str) -> bool:
         return bool(self.store.delete(self._k(key)))
 
@@ -60,6 +63,18 @@ class PrefixStore:
 
     def __repr__(self) -> str:
         return f"PrefixStore({self.store!r}, {self.prefix!r})"
+
+
+def get_many(store: Store, keys: list[str], timeout: float | None = None) -> list[bytes]:
+    """Every key's value, in order, once all exist: ``store.multi_get`` (one request) where the store has
+    it, else one ``get`` per key, all within ``timeout``."""
+    multi = getattr(store, "multi_get", None)
+    if multi is not None:
+        return list(multi(list(keys), timeout))
+    if timeout is None:
+        return [store.get(k) for k in keys]
+    deadline = time.monotonic() + timeout
+    return [store.get(k, max(0.0, deadline - time.monotonic())) for k in keys]
 
 
 class TorchStoreAdapter:

@@ -32,6 +32,7 @@ from pycoll.bootstrap.store.protocol import (
     _OP_DELETE,
     _OP_GET,
     _OP_HELLO,
+    _OP_MGET,
     _OP_SET,
     _OP_WAIT,
     _SERVER_TAG,
@@ -139,6 +140,21 @@ class TCPStoreClient:
         )
         if status == _ST_TIMEOUT:
             raise self._timeout_error(reply.keys(), time.monotonic() - start)
+
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        """Every key's value, in order, once all of them exist: one request where ``get`` makes one per
+        key. CollectiveTimeoutError (naming the keys still missing) after ``timeout``."""
+        keys = list(keys)
+        seconds = self._timeout(timeout)
+        start = time.monotonic()
+        status, reply = self._request(
+            bytes([_OP_MGET]) + _enc_keys(keys) + _F64.pack(seconds), ", ".join(keys[:4]), wait=seconds
+        )
+        if status == _ST_TIMEOUT:
+            raise self._timeout_error(reply.keys(), time.monotonic() - start)
+        values = [reply.blob() for _ in range(reply.u32())]
+        reply.end()
+        return values
 
     def check(self, keys: list[str]) -> bool:
         """True if every key exists now (never blocks)."""

@@ -23,6 +23,7 @@ Wire protocol (all integers big-endian). Every message, both ways, is one *frame
     GET       str key, seconds      blob value               TIMEOUT
     ADD       str key, i64 amount   i64 new value            ERROR str message (value not an integer)
     WAIT      keys, seconds         -                        TIMEOUT keys (the ones still missing)
+    MGET      keys, seconds         u32 count, blob * count  TIMEOUT keys (the ones still missing)
     DELETE    str key               u8 existed
     CHECK     keys                  u8 all exist
 
@@ -79,6 +80,7 @@ _OP_WAIT = 4
 _OP_DELETE = 5
 _OP_CHECK = 6
 _OP_AUTH = 7
+_OP_MGET = 8  # every key's value at once, when all exist (a round's table of n records in one request)
 
 _ST_OK = 0
 _ST_TIMEOUT = 1
@@ -106,6 +108,10 @@ class Store(Protocol):
     def wait(self, keys: list[str], timeout: float | None = None) -> None: ...
 
     def delete(self, key: str) -> bool: ...
+
+    # Optional: ``multi_get(keys, timeout) -> list[bytes]``, every key's value once all exist (one request
+    # where ``get`` would make one per key); ``get_many`` (pycoll/bootstrap/store/adapters.py) falls back to
+    # ``get`` for a store without it.
 
     def close(self) -> None: ...
 

@@ -42,6 +42,7 @@ from pycoll.bootstrap.store.protocol import (
     _OP_DELETE,
     _OP_GET,
     _OP_HELLO,
+    _OP_MGET,
     _OP_SET,
     _OP_WAIT,
     _SERVER_TAG,
@@ -550,7 +551,7 @@ class TCPStoreServer:
             self._data[key] = str(total).encode("ascii")
             self._reply(conn, _U8.pack(_ST_OK) + _I64.pack(total))
             self._key_created(key)
-        elif op in (_OP_GET, _OP_WAIT):
+        elif op in (_OP_GET, _OP_WAIT, _OP_MGET):
             keys = [req.text()] if op == _OP_GET else req.keys()
             seconds = req.f64()
             req.end()
@@ -585,6 +586,9 @@ class TCPStoreServer:
         waiter.parked_key = None
         if waiter.op == _OP_GET:
             self._reply(waiter.conn, _U8.pack(_ST_OK) + _enc_blob(self._data[waiter.keys[0]]))
+        elif waiter.op == _OP_MGET:
+            values = b"".join(_enc_blob(self._data[k]) for k in waiter.keys)
+            self._reply(waiter.conn, _U8.pack(_ST_OK) + _U32.pack(len(waiter.keys)) + values)
         else:
             self._reply(waiter.conn, _U8.pack(_ST_OK))
         return True
