@@ -162,17 +162,17 @@ void ControlLinks::read_challenge(int peer) {
 
 // ---- messages ------------------------------------------------------------------------------------------
 
-bool ControlLinks::send(int peer, const std::string& body) {
+ControlLinks::SendResult ControlLinks::send(int peer, const std::string& body) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (peer < 0 || peer >= config_.world || peer == config_.rank) return false;
+  if (peer < 0 || peer >= config_.world || peer == config_.rank) return kGone;
   Link& l = links_[peer];
-  if (l.state == State::kClosed || l.state == State::kClosing || stop_) return false;
-  if (l.out.size() - l.out_off + body.size() > kMaxQueued) return false;
+  if (l.state == State::kClosed || l.state == State::kClosing || stop_) return kGone;
+  if (l.out.size() - l.out_off + body.size() > kMaxQueued) return kBackedUp;
   l.out += frame(body);
-  if (l.state != State::kUp) return true;  // written once the link is up
+  if (l.state != State::kUp) return kSent;  // written once the link is up
   write_out(peer);
   if (l.state == State::kUp && l.out_off < l.out.size()) wake();  // the I/O thread writes the rest
-  return l.state == State::kUp;
+  return l.state == State::kUp ? kSent : kGone;
 }
 
 void ControlLinks::drop(int peer) {

@@ -62,9 +62,10 @@ class ControlLinks {
   std::vector<int> wait_formed(double timeout_s);
   std::vector<std::pair<int, std::string>> failures();
 
-  // Queues `body` (a frame body) to `peer`; false if its link is gone or it reads nothing of what it is
-  // sent (kMaxQueued).
-  bool send(int peer, const std::string& body);
+  // Queues `body` (a frame body) to `peer`: kSent, or kGone (its link closed: a `closed` event says why,
+  // or this rank dropped it), or kBackedUp (it reads nothing of what it is sent: kMaxQueued bytes wait).
+  enum SendResult { kSent = 0, kGone = 1, kBackedUp = 2 };
+  SendResult send(int peer, const std::string& body);
   // Closes the link to `peer` once what was queued to it is written (at most 0.2 s later).
   void drop(int peer);
 

@@ -60,9 +60,9 @@ void bind_fault(py::module_& m) {
           [](ControlLinks& l, int peer, const py::bytes& body) {
             std::string b = body;
             py::gil_scoped_release release;
-            return l.send(peer, b);
+            return static_cast<int>(l.send(peer, b));
           },
-          py::arg("peer"), py::arg("body"))
+          py::arg("peer"), py::arg("body"), "0: queued; 1: its link is gone; 2: it reads nothing it is sent")
       .def("drop", &ControlLinks::drop, py::arg("peer"), py::call_guard<py::gil_scoped_release>())
       .def(
           "take",

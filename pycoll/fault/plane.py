@@ -52,6 +52,8 @@ _UNCLAIMED_MAX = 4096
 _FLUSH_S = 2.0
 #: Forming a plane looks whether a member it waits for is gone this often (seconds).
 _FORM_SLICE_S = 0.25
+#: What the links' send answers (csrc/fault/links.h ControlLinks::SendResult).
+_SENT, _GONE, _BACKED_UP = 0, 1, 2
 
 Listener = Callable[[str, int, str], None]  # (kind: "dead" | "revoked" | "evicted", rank, why)
 
@@ -65,7 +67,7 @@ class Plane:
         world: int,
         plane_id: str,
         token: str,
-        links: Any,
+        links: _C.ControlLinks,
         members: list[dict[str, Any]],
         listener: ControlListener,
         heartbeat_timeout: float,
@@ -127,14 +129,11 @@ class Plane:
             return [r for r in range(self.world) if r not in self.dead and r not in self.left]
 
     def send(self, peer: int, msg: dict[str, Any]) -> bool:
-        """Sends to one member; False if its link is gone (it is then found dead)."""
+        """Sends to one member; False if its link is gone (the links' thread says why: a ``closed`` event
+        this plane's thread handles), or if it reads nothing of what it is sent (it is found dead here)."""
         if peer not in self._linked or peer in self.dead or peer in self.left:
             return False
-        if self._native.send(peer, wire.body(msg)):
-            return True
-        if peer in self._linked:
-            self.found_dead(peer, "its control link failed, or it stopped reading what it is sent")
-        return False
+        return self._send_body(peer, wire.body(msg))
 
     def broadcast(self, msg: dict[str, Any], skip: tuple[int, ...] = ()) -> None:
         body = wire.body(msg)
@@ -142,8 +141,13 @@ class Plane:
             targets = sorted(self._linked)
         for r in targets:
             if r not in skip and r not in self.dead and r not in self.left:
-                if not self._native.send(r, body) and r in self._linked:
-                    self.found_dead(r, "its control link failed, or it stopped reading what it is sent")
+                self._send_body(r, body)
+
+    def _send_body(self, peer: int, body: bytes) -> bool:
+        status = self._native.send(peer, body)
+        if status == _BACKED_UP:
+            self.found_dead(peer, "it reads nothing of what it is sent (its control link is backed up)")
+        return status == _SENT
 
     def raise_if_evicted(self) -> None:
         if self.evicted is not None:
