@@ -45,6 +45,7 @@ from pycoll.bench import jobs, options, report, timing  # noqa: E402  (no native
 from pycoll.bench.baselines import mpirun_command  # noqa: E402
 
 LIBRARIES = ("pycoll", "mpi", "gloo", "before")
+DEFAULT_LIBRARIES = ("pycoll", "mpi", "gloo")
 LABELS = {"pycoll": "pycoll", "mpi": "Open MPI", "gloo": "Gloo", "before": "pycoll before"}
 
 # Targets of issue 2 ("Benchmark"): (bytes, other library, kind, bound). kind "busbw": subject's busbw
@@ -440,7 +441,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (2 4)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     parser.add_argument(
-        "--libs", default=",".join(LIBRARIES), help="comma-separated, subject first (pycoll,mpi,gloo)"
+        "--libs", default=",".join(DEFAULT_LIBRARIES), help="comma-separated, subject first (pycoll,mpi,gloo)"
     )
     parser.add_argument("--algorithm", default="auto", help="pycoll's --algorithm (auto)")
     parser.add_argument(

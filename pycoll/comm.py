@@ -26,7 +26,7 @@ from pycoll.call import Call
 from pycoll.context import Context
 from pycoll.dispatch import Dispatcher
 from pycoll.env import STRAGGLER_WINDOW, Settings
-from pycoll.errors import CommunicatorRevokedError, InvalidUsageError, PycollError
+from pycoll.errors import CollectiveMismatchError, CommunicatorRevokedError, InvalidUsageError, PycollError
 from pycoll.fault import membership
 from pycoll.fault.agreement import Decision
 from pycoll.fault.membership import Change, Joiners
@@ -354,7 +354,12 @@ class Communicator:
         (CommunicatorRevokedError, or the PeerLostError that caused it). Local and idempotent; any thread."""
         why = why or f"revoked by rank {self.rank}"
         if self._ctx.plane is not None:
-            self._ctx.plane.revoke(why)
+            broken, mismatch = self._ctx.broken, None
+            if isinstance(broken, CollectiveMismatchError):  # the peers raise it too, worded as an abort
+                mismatch = str(broken)
+                if not mismatch.startswith("(reported by rank"):
+                    mismatch = f"(reported by rank {self.rank}) {mismatch}"
+            self._ctx.plane.revoke(why, cause=mismatch)
         else:
             self._ctx.abort_native("revoked", -1, why)
         self._ctx.break_with(CommunicatorRevokedError(why))

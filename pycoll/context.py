@@ -194,8 +194,11 @@ class Context:
         native = self._native
         if native is None:
             return
+        cause = self.plane.revoked_cause if self.plane is not None and kind == "revoked" else None
         if kind == "dead":
             native.abort(ERROR_KIND_CODES["peer_lost"], f"rank {rank} is lost: {why}")
+        elif cause is not None:  # the mismatch that made a peer revoke: this rank raises it too
+            native.abort(ERROR_KIND_CODES["mismatch"], cause)
         else:
             native.abort(ERROR_KIND_CODES["broken"], f"the communicator was revoked ({why})")
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -158,14 +159,12 @@ uint8_t* ShmTransport::map_peer(int r) {
   UniqueFd fd(::open(path, O_RDWR | O_CLOEXEC));
   if (!fd) {
     const int err = errno;
-    const bool exited = err == ENOENT || err == ESRCH;
-    throw Error(ErrorKind::kPeerLost,
-                "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path +
-                    "): " + std::strerror(err) +
-                    (exited ? ": rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) +
-                                  ") has exited; see its own error"
-                            : ". All ranks of a host must run in one PID namespace as the same user"),
-                r);
+    if (err != ENOENT && err != ESRCH)
+      throw Error(ErrorKind::kPeerLost,
+                  "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path + "): " +
+                      std::strerror(err) + ". All ranks of a host must run in one PID namespace as the same user",
+                  r);
+    throw Error(ErrorKind::kPeerLost, gone_peer(r) + " while rank " + std::to_string(rank_) + " needed it", r);
   }
   struct stat st;
   if (fstat(fd.get(), &st) < 0 || static_cast<size_t>(st.st_size) != size_)
@@ -190,6 +189,21 @@ uint8_t* ShmTransport::map_peer(int r) {
   n_mapped_.store(n + 1, std::memory_order_release);
   segments_[r].store(static_cast<uint8_t*>(base), std::memory_order_release);
   return static_cast<uint8_t*>(base);
+}
+
+// Rank r's segment is gone: its process exited, or is leaving (it finalized its communicator, which
+// closed the segment, and its interpreter is still winding down). A leaving one is given a moment to be
+// gone first (kLeavingGrace), so that whoever watches the processes (a launcher) sees it end before this
+// rank, whose failure it caused; one that keeps running after finalizing is named as such.
+std::string ShmTransport::gone_peer(int r) {
+  constexpr auto kLeavingGrace = std::chrono::seconds(1);
+  const std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) + ")";
+  UniqueFd pidfd(static_cast<int>(pidfd_open(pids_[r])));
+  if (!pidfd) return who + " has exited";  // ESRCH: gone (or pidfds unavailable: said the same way)
+  struct pollfd p = {pidfd.get(), POLLIN, 0};
+  const int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(kLeavingGrace).count());
+  if (::poll(&p, 1, ms) > 0) return who + " has exited";
+  return who + " left its communicator (it finalized it)";
 }
 
 ShmTransport::Channel* ShmTransport::channel(int owner, int peer) {

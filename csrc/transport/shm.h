@@ -95,6 +95,7 @@ class ShmTransport final : public MemberTransport {
     return s ? s : map_peer(r);
   }
   uint8_t* map_peer(int r);
+  std::string gone_peer(int r);  // why rank r's segment cannot be mapped: exited, or left (map_peer)
   ControlBlock* control(int r) { return reinterpret_cast<ControlBlock*>(segment(r)); }
   Channel* channel(int owner, int peer);  // owner's outbound channel to peer
   uint8_t* slot(Channel* ch, uint64_t index) const;

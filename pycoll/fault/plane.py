@@ -86,6 +86,9 @@ class Plane:
         #: Members that left cleanly (finalize).
         self.left: set[int] = set()
         self.revoked: str | None = None
+        #: The error that made the revoking rank revoke, where it is one every rank should raise (a
+        #: mismatched call): the revocation must not hide it on ranks that never saw it themselves.
+        self.revoked_cause: str | None = None
         self.evicted: str | None = None
         #: Facts any member may add and every member learns (e.g. "this joiner went away").
         self.notes: set[str] = set()
@@ -195,14 +198,16 @@ class Plane:
         with self.cv:
             self.agreements.changed()
 
-    def revoke(self, why: str) -> None:
-        """Revokes the communicator on every member (idempotent, any thread)."""
+    def revoke(self, why: str, cause: str | None = None) -> None:
+        """Revokes the communicator on every member (idempotent, any thread). ``cause``: the message of a
+        mismatched call that made this rank revoke, which every member then raises (``revoked_cause``)."""
         with self.cv:
             if self.revoked is not None:
                 return
             self.revoked = why
+            self.revoked_cause = cause
             self.cv.notify_all()
-        self.broadcast({"t": "revoke", "why": why})
+        self.broadcast({"t": "revoke", "why": why} | ({} if cause is None else {"cause": cause}))
         self._notify("revoked", -1, why)
 
     def note(self, fact: str) -> None:
@@ -257,7 +262,8 @@ class Plane:
             self.found_dead(int(msg["rank"]), f"{msg.get('why')}, reported by rank {peer}")
             return
         if kind == "revoke":
-            self.revoke(str(msg.get("why")))
+            cause = msg.get("cause")
+            self.revoke(str(msg.get("why")), None if cause is None else str(cause))
             return
         if kind == "note":
             with self.cv:

@@ -8,6 +8,7 @@ communicator and a broken pycoll communicator instead of a hang.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
 
@@ -154,7 +155,8 @@ def test_an_nccl_async_error_breaks_the_communicator(fakes, comm):
 
 
 def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes, comm, monkeypatch):
-    monkeypatch.setattr(comm, "settings", comm.settings.__class__(gpu_transport="shm"))
+    group = dataclasses.replace(comm.context.group, settings=comm.settings.__class__(gpu_transport="shm"))
+    monkeypatch.setattr(comm.context, "group", group)
     seen = []
 
     class Native:
@@ -166,7 +168,7 @@ def test_host_staged_transport_runs_through_the_shared_memory_communicator(fakes
             seen.append((call.gpu, call.device.count, call.timeout_s, input == output == call.device.input))
 
     real = comm.native()
-    monkeypatch.setattr(comm, "native", Native)
+    monkeypatch.setattr(comm.context, "native", Native)
     pycoll.allreduce(DeviceArray(77), algorithm="tree", comm=comm, timeout=9)
     with pytest.raises(pycoll.InvalidUsageError, match="needs NCCL"):
         pycoll.allreduce(DeviceArray(77), algorithm="nccl", comm=comm)
