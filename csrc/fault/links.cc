@@ -18,7 +18,8 @@ namespace pycoll::fault {
 namespace {
 
 constexpr auto kDropLinger = std::chrono::milliseconds(200);
-const std::string kHeartbeat(4, '\0');  // an empty frame
+const std::string kHeartbeat(4, '\0');   // an empty frame
+constexpr double kMaxAnswerS = 86400.0;  // answer_timeout_s past this is "no limit" (and fits a time_point)
 
 ControlLinks::Clock::duration seconds(double s) {
   return std::chrono::duration_cast<ControlLinks::Clock::duration>(std::chrono::duration<double>(s));
@@ -33,6 +34,8 @@ ControlLinks::ControlLinks(std::shared_ptr<ControlListener> listener, const Link
       addresses_(addresses),
       interval_(seconds(config.heartbeat_timeout_s / 5)),
       timeout_(seconds(config.heartbeat_timeout_s)),
+      answer_by_(Clock::now() +
+                 seconds(std::min(std::max(config.answer_timeout_s, config.heartbeat_timeout_s), kMaxAnswerS))),
       links_(static_cast<size_t>(config.world)) {
   if (config.world < 1 || config.rank < 0 || config.rank >= config.world ||
       static_cast<int>(addresses.size()) != config.world)
@@ -84,7 +87,10 @@ std::vector<int> ControlLinks::wait_formed(double timeout_s) {
       for (int r = config_.rank + 1; r < config_.world; ++r) {
         if (links_[r].state != State::kIdle) continue;
         const int fd = listener_->claim(config_.plane, r, config_.rank, config_.token);
-        if (fd >= 0) link_up(r, UniqueFd(fd), "");
+        if (fd >= 0) {
+          link_up(r, UniqueFd(fd), "");
+          links_[r].answered = true;  // its hello came
+        }
       }
       for (int r = 0; r < config_.world; ++r) {
         const State s = links_[r].state;
@@ -118,6 +124,7 @@ void ControlLinks::link_up(int peer, UniqueFd fd, const std::string& first) {
   l.out = first + l.out.substr(l.out_off);  // the hello goes before what was queued while dialling
   l.out_off = 0;
   l.heard = l.sent = Clock::now();
+  l.answered = false;
   wake();
 }
 
@@ -166,6 +173,10 @@ ControlLinks::SendResult ControlLinks::send(int peer, const std::string& body) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer < 0 || peer >= config_.world || peer == config_.rank) return kGone;
   Link& l = links_[peer];
+  if (body.size() > kMaxFrame)
+    throw Error(ErrorKind::kInvalidUsage, "a control message of " + std::to_string(body.size()) +
+                                              " bytes is larger than a control frame may be (" +
+                                              std::to_string(kMaxFrame) + ")");
   if (l.state == State::kClosed || l.state == State::kClosing || stop_) return kGone;
   if (l.out.size() - l.out_off + body.size() > kMaxQueued) return kBackedUp;
   l.out += frame(body);
@@ -208,6 +219,7 @@ uint64_t ControlLinks::settle() {
 }
 
 void ControlLinks::close(double flush_s) {
+  std::lock_guard<std::mutex> closing(close_mu_);  // a second caller waits, then finds it closed
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_ && !thread_.joinable()) return;
   const Clock::time_point deadline = Clock::now() + seconds(std::max(0.0, flush_s));
@@ -257,15 +269,21 @@ void ControlLinks::close_link(int peer, const std::string& why, bool report) {
 void ControlLinks::read_frames(int peer) {
   Link& l = links_[peer];
   char buf[65536];
+  std::string ended;  // why the link ended, once its last frames are events (a "bye" before the EOF)
   for (;;) {
     const ssize_t k = ::recv(l.fd.get(), buf, sizeof buf, 0);
-    if (k == 0) return close_link(peer, "its control link closed: the process exited or was killed", true);
+    if (k == 0) {
+      ended = "its control link closed: the process exited or was killed";
+      break;
+    }
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      return close_link(peer, "its control link failed (" + net::errno_text("recv") + ")", true);
+      ended = "its control link failed (" + net::errno_text("recv") + ")";
+      break;
     }
     l.heard = Clock::now();
     l.silence_reported = false;
+    l.answered = true;
     l.in.append(buf, static_cast<size_t>(k));
     if (static_cast<size_t>(k) < sizeof buf) break;
   }
@@ -282,6 +300,7 @@ void ControlLinks::read_frames(int peer) {
     at += 4 + n;
   }
   l.in.erase(0, at);
+  if (!ended.empty()) close_link(peer, ended, true);
 }
 
 void ControlLinks::write_out(int peer) {
@@ -320,7 +339,8 @@ void ControlLinks::tick(Clock::time_point now) {
       write_out(r);
       if (l.state != State::kUp) continue;
     }
-    if (now - l.heard > timeout_ && !l.silence_reported) {
+    // A member dialled but not yet answering is still making its links: silent only past answer_by_.
+    if (now - l.heard > timeout_ && !l.silence_reported && (l.answered || now > answer_by_)) {
       l.silence_reported = true;
       char text[32];
       std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - l.heard).count());

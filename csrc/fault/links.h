@@ -41,6 +41,9 @@ struct LinksConfig {
   int world = 1;
   std::string plane, token;
   double heartbeat_timeout_s = 5.0;
+  // How long a member this rank dialled may take to answer (to make its own links: the rest of the
+  // formation) before its silence counts; never less than heartbeat_timeout_s.
+  double answer_timeout_s = 0.0;
 };
 
 class ControlLinks {
@@ -94,6 +97,7 @@ class ControlLinks {
     size_t out_off = 0;
     Clock::time_point heard, sent, closing_deadline;
     bool silence_reported = false;
+    bool answered = false;  // a frame came from the member (a dialled one answers once it made its links)
   };
 
   void loop();
@@ -112,6 +116,8 @@ class ControlLinks {
   const LinksConfig config_;
   const std::vector<std::string> addresses_;
   const Clock::duration interval_, timeout_;
+  const Clock::time_point answer_by_;  // config_.answer_timeout_s from construction
+  std::mutex close_mu_;                // close() runs once at a time (it joins thread_)
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Link> links_;

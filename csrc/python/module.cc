@@ -23,6 +23,7 @@
 #include "kernels/rotation.h"
 #include "python/bindings.h"
 #include "python/error_translation.h"
+#include "python/gil.h"
 #include "python/numpy_args.h"
 
 #if PYCOLL_WITH_CUDA
@@ -356,8 +357,7 @@ PYBIND11_MODULE(_C, m) {
             Call mine = call;
             mine.input = input;
             mine.output = output;
-            py::gil_scoped_release release;
-            return c.run(mine);
+            return python::without_gil([&] { return c.run(mine); });
           },
           py::arg("call"), py::arg("input"), py::arg("output"))
       .def(
@@ -380,8 +380,7 @@ PYBIND11_MODULE(_C, m) {
             if (view.len != bytes) return -1;
             Call mine = call;
             mine.input = mine.output = reinterpret_cast<uintptr_t>(view.buf);
-            py::gil_scoped_release release;
-            return static_cast<int64_t>(c.run(mine));
+            return static_cast<int64_t>(python::without_gil([&] { return c.run(mine); }));
           },
           py::arg("call"), py::arg("array"))
       .def("abort", &Communicator::abort, py::arg("kind"), py::arg("message"));

@@ -149,7 +149,7 @@ std::vector<int> ShmTransport::mapped_peers() const {
   return std::vector<int>(mapped_.get(), mapped_.get() + n_mapped_.load(std::memory_order_acquire));
 }
 
-uint8_t* ShmTransport::map_peer(int r) {
+uint8_t* ShmTransport::map_peer(int r, bool gone_ok) {
   std::lock_guard<std::mutex> lock(map_mu_);
   if (uint8_t* s = segments_[r].load(std::memory_order_acquire)) return s;  // mapped meanwhile
   if (pids_[r] <= 0)
@@ -164,6 +164,7 @@ uint8_t* ShmTransport::map_peer(int r) {
                   "cannot map the shared-memory segment of rank " + std::to_string(r) + " (" + path + "): " +
                       std::strerror(err) + ". All ranks of a host must run in one PID namespace as the same user",
                   r);
+    if (gone_ok) return nullptr;
     throw Error(ErrorKind::kPeerLost, gone_peer(r) + " while rank " + std::to_string(rank_) + " needed it", r);
   }
   struct stat st;
@@ -365,8 +366,17 @@ void ShmTransport::begin_collective(uint64_t seq, const Descriptor& desc, const 
   cb->entered_seq.store(seq, std::memory_order_release);
 }
 
+// After a collective (the skew report): a peer that left since has no stamp, and the call that finished
+// does not fail for it.
 bool ShmTransport::entry_stamp(int peer, uint64_t seq, EntryStamp* out) {
-  return pids_[peer] > 0 && control(peer)->descs.find_stamp(seq, out);
+  if (pids_[peer] <= 0) return false;
+  const uint8_t* s = nullptr;
+  try {
+    s = try_segment(peer);
+  } catch (const Error&) {
+    return false;
+  }
+  return s && reinterpret_cast<const ControlBlock*>(s)->descs.find_stamp(seq, out);
 }
 
 // A peer not mapped has published nothing this rank waits for (it never exchanged a fragment with it).
@@ -456,7 +466,8 @@ std::vector<int> ShmTransport::ranks_not_entered(uint64_t seq) {
     if (pids_[r] <= 0) continue;
     bool entered = false;
     try {
-      entered = control(r)->entered_seq.load(std::memory_order_acquire) >= seq;
+      const uint8_t* s = try_segment(r);
+      entered = s && reinterpret_cast<const ControlBlock*>(s)->entered_seq.load(std::memory_order_acquire) >= seq;
     } catch (const Error&) {
     }
     if (!entered) out.push_back(r);

@@ -94,7 +94,12 @@ class ShmTransport final : public MemberTransport {
     uint8_t* s = segments_[r].load(std::memory_order_acquire);
     return s ? s : map_peer(r);
   }
-  uint8_t* map_peer(int r);
+  // Rank r's segment if it is mapped or can be; nullptr if it is gone (no PeerLostError, no grace).
+  uint8_t* try_segment(int r) {
+    uint8_t* s = segments_[r].load(std::memory_order_acquire);
+    return s ? s : map_peer(r, true);
+  }
+  uint8_t* map_peer(int r, bool gone_ok = false);
   std::string gone_peer(int r);  // why rank r's segment cannot be mapped: exited, or left (map_peer)
   ControlBlock* control(int r) { return reinterpret_cast<ControlBlock*>(segment(r)); }
   Channel* channel(int owner, int peer);  // owner's outbound channel to peer

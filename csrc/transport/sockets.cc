@@ -70,7 +70,10 @@ UniqueFd start_connect(const std::string& address, std::string* error) {
     return UniqueFd();
   }
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  PYCOLL_CHECK_SYS(fd.get());
+  if (!fd) {  // out of descriptors, say: the caller's peer is not reached (no throw on an I/O thread)
+    *error = errno_text("socket");
+    return UniqueFd();
+  }
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 && errno != EINPROGRESS) {
     *error = errno_text("connect");
     return UniqueFd();

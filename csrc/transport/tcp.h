@@ -115,6 +115,7 @@ class TcpTransport final : public MemberTransport {
     Link link = Link::kNone;
     std::unique_ptr<Dial> dial;
     int dial_attempts = 0;
+    std::chrono::steady_clock::time_point awaiting_until{};  // kAwaiting: the peer's own connection must come by then
     bool lost = false;
     bool finalized = false;  // the peer said BYE: its connection closing next is no failure
     std::string lost_why;

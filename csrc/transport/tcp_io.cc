@@ -211,6 +211,7 @@ void TcpTransport::io_loop() {
     for (int r = 0; r < world_; ++r) {
       Peer& p = peers_[r];
       if (r == rank_ || p.lost) continue;
+      if (p.link == Link::kAwaiting) wake_at = std::min(wake_at, p.awaiting_until);
       if (p.link == Link::kDialing) {
         const Dial& d = *p.dial;
         if (d.stage == Dial::kPaused) {

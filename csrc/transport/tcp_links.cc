@@ -155,7 +155,9 @@ void TcpTransport::advance_dial(int peer) {
     if (io != Io::kDone) return io == Io::kWait ? void() : failed("the handshake failed");
     if (d.verdict.verdict == kVerdictLink) return link_up(peer, std::move(d.fd));
     if (d.verdict.verdict != kVerdictDouble) return failed("the handshake failed");
-    // Both ranks dialled at once: the lower rank's connection is the link, and it is on its way here.
+    // Both ranks dialled at once: the lower rank's connection is the link, and it is on its way here (by
+    // this dial's deadline: the lower rank's own dial may fail too).
+    p.awaiting_until = d.deadline;
     p.dial.reset();
     p.link = Link::kAwaiting;
   }
@@ -227,6 +229,12 @@ bool TcpTransport::advance_incoming(Incoming& in) {
 void TcpTransport::expire_dials(Clock::time_point now) {
   for (int r = 0; r < world_; ++r) {
     Peer& p = peers_[r];
+    if (!p.lost && p.link == Link::kAwaiting && now >= p.awaiting_until) {
+      mark_lost(p, "rank " + std::to_string(r) + " answered that its own connection to rank " + std::to_string(rank_) +
+                       " was the link, and that connection did not come within " +
+                       std::to_string(std::chrono::duration<double>(dial_timeout_).count()) + " s");
+      continue;
+    }
     if (p.lost || p.link != Link::kDialing) continue;
     Dial& d = *p.dial;
     if (d.stage != Dial::kPaused && now >= d.give_up) {

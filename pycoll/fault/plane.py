@@ -344,7 +344,11 @@ def form(
     """Forms the mesh: every member below ``rank`` is dialled at once, and those above dial in (native:
     ``_C.ControlLinks``). ``gone(r)`` says why member r will never come (known dead), or None."""
     addresses = [str(m["address"]) for m in members]
-    links = _C.ControlLinks(listener.native, rank, world, plane_id, token, heartbeat_timeout, addresses)
+    # A member this rank dials may answer (make its own links) until the formation's deadline.
+    answer_s = max(0.0, deadline - time.monotonic())
+    links = _C.ControlLinks(
+        listener.native, rank, world, plane_id, token, heartbeat_timeout, addresses, answer_timeout_s=answer_s
+    )
     try:
         while True:
             left = deadline - time.monotonic()
