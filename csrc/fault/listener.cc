@@ -94,7 +94,10 @@ bool ControlListener::next_join(double timeout_s, Join* out) {
 void ControlListener::accept_all() {
   while (pending_.size() < kMaxPending) {
     UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd) return;  // EAGAIN (nothing waiting), or a connection that went away before it was accepted
+    if (!fd) {  // EAGAIN (nothing waiting), a connection that went away before it was accepted, or starved
+      if (net::accept_starved(errno)) accept_paused_until_ = Clock::now() + net::kAcceptBackoff;
+      return;
+    }
     net::set_nodelay(fd.get());
     Pending p;
     p.fd = std::move(fd);
@@ -164,8 +167,9 @@ void ControlListener::loop() {
     }
     fds.clear();
     fds.push_back({wake_fd_.get(), POLLIN, 0});
-    fds.push_back({listen_fd_.get(), static_cast<short>(pending_.size() < kMaxPending ? POLLIN : 0), 0});
-    Clock::time_point wake_at = next_expiry;
+    const bool paused = Clock::now() < accept_paused_until_;
+    fds.push_back({listen_fd_.get(), static_cast<short>(pending_.size() < kMaxPending && !paused ? POLLIN : 0), 0});
+    Clock::time_point wake_at = paused ? std::min(next_expiry, accept_paused_until_) : next_expiry;
     for (const Pending& p : pending_) {
       fds.push_back({p.fd.get(), static_cast<short>(p.out_off < p.out.size() ? POLLOUT : POLLIN), 0});
       wake_at = std::min(wake_at, p.give_up);

@@ -84,7 +84,7 @@ class ControlListener {
   using Key = std::tuple<std::string, int, int>;  // (plane, from, to)
 
   void loop();
-  void accept_all();
+  void accept_all();  // accept_paused_until_ set when the process is out of descriptors
   // Moves a handshake on as far as its socket allows: true when it is over (parked, queued or failed).
   bool advance(Pending& p);
   void finish(Pending& p);
@@ -93,6 +93,7 @@ class ControlListener {
   std::string secret_;
   UniqueFd listen_fd_, wake_fd_;
   int port_ = 0;
+  Clock::time_point accept_paused_until_{};  // the I/O thread's: accept starved (net::accept_starved)
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;

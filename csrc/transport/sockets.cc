@@ -82,6 +82,10 @@ UniqueFd start_connect(const std::string& address, std::string* error) {
   return fd;
 }
 
+bool accept_starved(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
 std::string connect_error(int fd) {
   int err = 0;
   socklen_t len = sizeof err;

@@ -27,6 +27,10 @@ UniqueFd listen_on(const std::string& host, int backlog, int* port);
 // A non-blocking socket connecting to `address` ("a.b.c.d:port"): the connection completes (or fails,
 // SO_ERROR) when it polls writable. An invalid fd with *error set when it failed at once.
 UniqueFd start_connect(const std::string& address, std::string* error);
+// After accept failed: whether for want of descriptors or memory (the listening socket stays readable, so
+// its caller stops polling it for kAcceptBackoff rather than spin).
+bool accept_starved(int err);
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 // The error of a non-blocking connect that polled writable ("" when it connected).
 std::string connect_error(int fd);
 

@@ -174,7 +174,8 @@ class TcpTransport final : public MemberTransport {
   std::vector<std::string> addresses_;  // set_peers (mu_)
   std::string key_;                     // empty until set_peers: no connection is accepted before
   std::chrono::steady_clock::duration dial_timeout_{};
-  std::vector<std::unique_ptr<Incoming>> incoming_;  // the I/O thread's own
+  std::vector<std::unique_ptr<Incoming>> incoming_;              // the I/O thread's own
+  std::chrono::steady_clock::time_point accept_paused_until_{};  // the I/O thread's: accept starved
   bool announce_all_ = false;
   std::vector<uint8_t> enter_;  // the last ENTER's payload, for a link made during its collective
   std::mutex mu_;

@@ -198,7 +198,9 @@ void TcpTransport::io_loop() {
     fds.push_back({wake_fd_.get(), POLLIN, 0});
     owner.push_back(-1);
     Clock::time_point wake_at = Clock::now() + std::chrono::milliseconds(100);
-    if (!key_.empty() && incoming_.size() < kMaxPending) {
+    if (Clock::now() < accept_paused_until_) {
+      wake_at = std::min(wake_at, accept_paused_until_);
+    } else if (!key_.empty() && incoming_.size() < kMaxPending) {
       fds.push_back({listen_fd_.get(), POLLIN, 0});
       owner.push_back(-2);
     }

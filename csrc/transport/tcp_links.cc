@@ -166,7 +166,10 @@ void TcpTransport::advance_dial(int peer) {
 void TcpTransport::accept_incoming() {
   while (incoming_.size() < kMaxPending) {
     UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd) return;
+    if (!fd) {  // nothing waiting; or starved of descriptors, and then not polled for a while
+      if (accept_starved(errno)) accept_paused_until_ = Clock::now() + kAcceptBackoff;
+      return;
+    }
     auto in = std::make_unique<Incoming>();
     in->fd = std::move(fd);
     in->give_up = Clock::now() + kHandshakeTimeout;
