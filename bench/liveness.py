@@ -88,7 +88,8 @@ else:
         except pycoll.PycollError as exc:
             out["after_continue"] = type(exc).__name__
     out["ok"] = ok
-print("RESULT " + json.dumps(out), flush=True)
+sys.stdout.write("RESULT " + json.dumps(out) + "\n")  # one write: the ranks share the launcher's pipe, unbuffered
+sys.stdout.flush()
 '''
 
 
