@@ -213,7 +213,7 @@ class Context:
                 "on without it. A new process may join the job (pycoll.init(join=...))"
             )
         if plane.dead:
-            r = prefer if prefer in plane.dead else min(plane.dead)
+            r = prefer if prefer in plane.dead else next(iter(plane.dead))  # the first found dead: the cause
             why = plane.dead[r]
             return PeerLostError(
                 f"rank {r} of the communicator is lost ({why}); the communicator was revoked on every rank: "

@@ -89,12 +89,17 @@ std::vector<int> ControlLinks::wait_formed(double timeout_s) {
         const int fd = listener_->claim(config_.plane, r, config_.rank, config_.token);
         if (fd >= 0) {
           link_up(r, UniqueFd(fd), "");
-          links_[r].answered = true;  // its hello came
+          links_[r].answered = true;    // its hello came
+          links_[r].out += kHeartbeat;  // the answer: the member that dialled counts this rank as formed
+          write_out(r);
         }
       }
       for (int r = 0; r < config_.world; ++r) {
+        // A dialled member is in once it answered (it made its own links): one that dies before that
+        // is a failure, not a member of a plane that formed without it.
         const State s = links_[r].state;
-        if (r != config_.rank && s != State::kUp && s != State::kClosing && s != State::kClosed) missing.push_back(r);
+        const bool in = (s == State::kUp && links_[r].answered) || s == State::kClosing || s == State::kClosed;
+        if (r != config_.rank && !in) missing.push_back(r);
       }
     }
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
@@ -257,6 +262,7 @@ void ControlLinks::close_link(int peer, const std::string& why, bool report) {
   Link& l = links_[peer];
   if (l.state == State::kClosed) return;
   const bool was_linked = l.state == State::kUp || l.state == State::kClosing;
+  if (report && was_linked && !l.answered) failures_.emplace_back(peer, why);  // it died while forming
   l.state = State::kClosed;
   l.fd.reset();
   l.in.clear();
@@ -283,7 +289,10 @@ void ControlLinks::read_frames(int peer) {
     }
     l.heard = Clock::now();
     l.silence_reported = false;
-    l.answered = true;
+    if (!l.answered) {
+      l.answered = true;
+      listener_->poke();  // wait_formed counts it now
+    }
     l.in.append(buf, static_cast<size_t>(k));
     if (static_cast<size_t>(k) < sizeof buf) break;
   }
