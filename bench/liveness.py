@@ -88,7 +88,8 @@ else:
         except pycoll.PycollError as exc:
             out["after_continue"] = type(exc).__name__
     out["ok"] = ok
-sys.stdout.write("RESULT " + json.dumps(out) + "\n")  # one write: the ranks share the launcher's pipe, unbuffered
+# one write: the ranks share the launcher's pipe, unbuffered
+sys.stdout.write("RESULT " + json.dumps(out) + "\n")
 sys.stdout.flush()
 '''
 
