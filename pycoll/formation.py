@@ -48,7 +48,7 @@ from pycoll.errors import (
 )
 from pycoll.fault.listener import listener_for
 from pycoll.fault.membership import member_info
-from pycoll.fault.plane import Plane
+from pycoll.fault.plane import Plane, check_heartbeat_timeout
 from pycoll.fault.plane import form as form_plane
 from pycoll.tuning import Model
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
@@ -265,6 +265,8 @@ def form(
     hosts = tuple(str(r["host"]) for r in first)
     pids = [int(r["pid"]) for r in first]
     local_rank, local_world, node_rank, num_nodes = host_layout(hosts, rank)
+    if plane is None and fault_tolerance:
+        check_heartbeat_timeout(settings.heartbeat_timeout_s, local_world)
     transport = auto.transport(settings.transport, num_nodes, world)
     if num_nodes > 1 and transport == "shm":
         _refuse_shm_across_hosts(store, rank, world, hosts, hosting, timeout)

@@ -36,24 +36,33 @@ ControlLinks::ControlLinks(std::shared_ptr<ControlListener> listener, const Link
       timeout_(seconds(config.heartbeat_timeout_s)),
       answer_by_(Clock::now() +
                  seconds(std::min(std::max(config.answer_timeout_s, config.heartbeat_timeout_s), kMaxAnswerS))),
-      links_(static_cast<size_t>(config.world)) {
+      peers_(config.peers) {
   if (config.world < 1 || config.rank < 0 || config.rank >= config.world ||
       static_cast<int>(addresses.size()) != config.world)
     throw Error(ErrorKind::kInternal, "control links need a rank in 0..world-1 and an address per member");
+  if (peers_.empty())
+    for (int r = 0; r < config.world; ++r)
+      if (r != config.rank) peers_.push_back(r);
+  std::sort(peers_.begin(), peers_.end());
+  peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
+  for (int r : peers_)
+    if (r < 0 || r >= config.world || r == config.rank)
+      throw Error(ErrorKind::kInternal, "control links: a peer must be another member of the plane");
+  links_.resize(peers_.size());
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   PYCOLL_CHECK_SYS(wake_fd_.get());
   last_loop_ = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (int r = 0; r < config.rank; ++r) {
+    for (size_t i = 0; i < peers_.size() && peers_[i] < config.rank; ++i) {
       std::string why;
-      UniqueFd fd = net::start_connect(addresses[r], &why);
+      UniqueFd fd = net::start_connect(addresses[peers_[i]], &why);
       if (!fd) {
-        fail_dial(r, why);
+        fail_dial(static_cast<int>(i), why);
         continue;
       }
-      links_[r].fd = std::move(fd);
-      links_[r].state = State::kConnecting;
+      links_[i].fd = std::move(fd);
+      links_[i].state = State::kConnecting;
     }
   }
   thread_ = std::thread([this] { loop(); });
@@ -61,6 +70,11 @@ ControlLinks::ControlLinks(std::shared_ptr<ControlListener> listener, const Link
 
 ControlLinks::~ControlLinks() {
   close(0.0);
+}
+
+int ControlLinks::index(int rank) const {
+  const auto it = std::lower_bound(peers_.begin(), peers_.end(), rank);
+  return it != peers_.end() && *it == rank ? static_cast<int>(it - peers_.begin()) : -1;
 }
 
 void ControlLinks::wake() {
@@ -84,22 +98,22 @@ std::vector<int> ControlLinks::wait_formed(double timeout_s) {
     std::vector<int> missing;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (int r = config_.rank + 1; r < config_.world; ++r) {
-        if (links_[r].state != State::kIdle) continue;
-        const int fd = listener_->claim(config_.plane, r, config_.rank, config_.token);
+      for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
+        if (peers_[i] < config_.rank || links_[i].state != State::kIdle) continue;
+        const int fd = listener_->claim(config_.plane, peers_[i], config_.rank, config_.token);
         if (fd >= 0) {
-          link_up(r, UniqueFd(fd), "");
-          links_[r].answered = true;    // its hello came
-          links_[r].out += kHeartbeat;  // the answer: the member that dialled counts this rank as formed
-          write_out(r);
+          link_up(i, UniqueFd(fd), "");
+          links_[i].answered = true;    // its hello came
+          links_[i].out += kHeartbeat;  // the answer: the member that dialled counts this rank as formed
+          write_out(i);
         }
       }
-      for (int r = 0; r < config_.world; ++r) {
+      for (size_t i = 0; i < peers_.size(); ++i) {
         // A dialled member is in once it answered (it made its own links): one that dies before that
         // is a failure, not a member of a plane that formed without it.
-        const State s = links_[r].state;
-        const bool in = (s == State::kUp && links_[r].answered) || s == State::kClosing || s == State::kClosed;
-        if (r != config_.rank && !in) missing.push_back(r);
+        const State s = links_[i].state;
+        const bool in = (s == State::kUp && links_[i].answered) || s == State::kClosing || s == State::kClosed;
+        if (!in) missing.push_back(peers_[i]);
       }
     }
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
@@ -113,16 +127,16 @@ std::vector<std::pair<int, std::string>> ControlLinks::failures() {
   return failures_;
 }
 
-void ControlLinks::fail_dial(int peer, const std::string& why) {
-  failures_.emplace_back(peer, why);
-  Link& l = links_[peer];
+void ControlLinks::fail_dial(int i, const std::string& why) {
+  failures_.emplace_back(peers_[i], why);
+  Link& l = links_[i];
   l.state = State::kClosed;
   l.fd.reset();
   listener_->poke();
 }
 
-void ControlLinks::link_up(int peer, UniqueFd fd, const std::string& first) {
-  Link& l = links_[peer];
+void ControlLinks::link_up(int i, UniqueFd fd, const std::string& first) {
+  Link& l = links_[i];
   l.fd = std::move(fd);
   l.state = State::kUp;
   l.in.clear();
@@ -133,42 +147,43 @@ void ControlLinks::link_up(int peer, UniqueFd fd, const std::string& first) {
   wake();
 }
 
-void ControlLinks::on_connected(int peer) {
-  Link& l = links_[peer];
+void ControlLinks::on_connected(int i) {
+  Link& l = links_[i];
   const std::string error = net::connect_error(l.fd.get());
-  if (!error.empty()) return fail_dial(peer, "cannot reach its control socket at " + addresses_[peer] + ": " + error);
+  if (!error.empty()) return fail_dial(i, "cannot reach its control socket at " + addresses_[peers_[i]] + ": " + error);
   l.state = State::kChallenge;
   l.in.clear();
 }
 
-void ControlLinks::read_challenge(int peer) {
-  Link& l = links_[peer];
+void ControlLinks::read_challenge(int i) {
+  Link& l = links_[i];
+  const std::string& address = addresses_[peers_[i]];
   for (;;) {
     size_t want = 4;
     if (l.in.size() >= 4) {
       const uint32_t n = frame_length(reinterpret_cast<const uint8_t*>(l.in.data()));
-      if (n > 256) return fail_dial(peer, addresses_[peer] + " is not a pycoll control socket");
+      if (n > 256) return fail_dial(i, address + " is not a pycoll control socket");
       want = 4 + n;
     }
     if (l.in.size() == want) break;
     char buf[256];
     const ssize_t k = ::recv(l.fd.get(), buf, std::min(sizeof buf, want - l.in.size()), 0);
-    if (k == 0) return fail_dial(peer, "its control socket at " + addresses_[peer] + " closed the connection");
+    if (k == 0) return fail_dial(i, "its control socket at " + address + " closed the connection");
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-      return fail_dial(peer, "its control socket at " + addresses_[peer] + ": " + net::errno_text("recv"));
+      return fail_dial(i, "its control socket at " + address + ": " + net::errno_text("recv"));
     }
     l.in.append(buf, static_cast<size_t>(k));
   }
   const std::string challenge = parse_challenge(l.in.substr(4));
-  if (challenge.empty()) return fail_dial(peer, addresses_[peer] + " is not a pycoll control socket");
+  if (challenge.empty()) return fail_dial(i, address + " is not a pycoll control socket");
   Hello h;
   h.rank = config_.rank;
-  h.to = peer;
+  h.to = peers_[i];
   h.plane = config_.plane;
   h.token = config_.token;
   h.proof = hello_proof(listener_->secret(), challenge, h);
-  link_up(peer, std::move(l.fd), frame(hello_body(h)));
+  link_up(i, std::move(l.fd), frame(hello_body(h)));
   listener_->poke();
 }
 
@@ -176,8 +191,9 @@ void ControlLinks::read_challenge(int peer) {
 
 ControlLinks::SendResult ControlLinks::send(int peer, const std::string& body) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (peer < 0 || peer >= config_.world || peer == config_.rank) return kGone;
-  Link& l = links_[peer];
+  const int i = index(peer);
+  if (i < 0) return kGone;
+  Link& l = links_[i];
   if (body.size() > kMaxFrame)
     throw Error(ErrorKind::kInvalidUsage, "a control message of " + std::to_string(body.size()) +
                                               " bytes is larger than a control frame may be (" +
@@ -186,15 +202,16 @@ ControlLinks::SendResult ControlLinks::send(int peer, const std::string& body) {
   if (l.out.size() - l.out_off + body.size() > kMaxQueued) return kBackedUp;
   l.out += frame(body);
   if (l.state != State::kUp) return kSent;  // written once the link is up
-  write_out(peer);
+  write_out(i);
   if (l.state == State::kUp && l.out_off < l.out.size()) wake();  // the I/O thread writes the rest
   return l.state == State::kUp ? kSent : kGone;
 }
 
 void ControlLinks::drop(int peer) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (peer < 0 || peer >= config_.world || peer == config_.rank) return;
-  Link& l = links_[peer];
+  const int i = index(peer);
+  if (i < 0) return;
+  Link& l = links_[i];
   if (l.state == State::kClosed) return;
   if (l.state == State::kUp && l.out_off < l.out.size()) {
     l.state = State::kClosing;
@@ -202,7 +219,7 @@ void ControlLinks::drop(int peer) {
     wake();
     return;
   }
-  close_link(peer, "", false);
+  close_link(i, "", false);
 }
 
 std::vector<ControlLinks::Event> ControlLinks::take(double timeout_s) {
@@ -228,13 +245,13 @@ void ControlLinks::close(double flush_s) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_ && !thread_.joinable()) return;
   const Clock::time_point deadline = Clock::now() + seconds(std::max(0.0, flush_s));
-  for (int r = 0; r < config_.world; ++r) {
-    Link& l = links_[r];
+  for (int i = 0; i < static_cast<int>(links_.size()); ++i) {
+    Link& l = links_[i];
     if (l.state == State::kUp && l.out_off < l.out.size() && flush_s > 0) {
       l.state = State::kClosing;
       l.closing_deadline = deadline;
     } else if (l.state != State::kClosing) {
-      close_link(r, "", false);
+      close_link(i, "", false);
     }
   }
   wake();
@@ -247,7 +264,7 @@ void ControlLinks::close(double flush_s) {
   wake();
   if (thread_.joinable()) thread_.join();
   lock.lock();
-  for (int r = 0; r < config_.world; ++r) close_link(r, "", false);
+  for (int i = 0; i < static_cast<int>(links_.size()); ++i) close_link(i, "", false);
 }
 
 void ControlLinks::hold(double seconds_held) {
@@ -258,8 +275,9 @@ void ControlLinks::hold(double seconds_held) {
 
 // ---- the I/O thread ------------------------------------------------------------------------------------
 
-void ControlLinks::close_link(int peer, const std::string& why, bool report) {
-  Link& l = links_[peer];
+void ControlLinks::close_link(int i, const std::string& why, bool report) {
+  Link& l = links_[i];
+  const int peer = peers_[i];
   if (l.state == State::kClosed) return;
   const bool was_linked = l.state == State::kUp || l.state == State::kClosing;
   if (report && was_linked && !l.answered) failures_.emplace_back(peer, why);  // it died while forming
@@ -272,8 +290,9 @@ void ControlLinks::close_link(int peer, const std::string& why, bool report) {
   cv_.notify_all();
 }
 
-void ControlLinks::read_frames(int peer) {
-  Link& l = links_[peer];
+void ControlLinks::read_frames(int i) {
+  Link& l = links_[i];
+  const int peer = peers_[i];
   char buf[65536];
   std::string ended;  // why the link ended, once its last frames are events (a "bye" before the EOF)
   for (;;) {
@@ -300,7 +319,7 @@ void ControlLinks::read_frames(int peer) {
   while (l.in.size() - at >= 4) {
     const uint32_t n = frame_length(reinterpret_cast<const uint8_t*>(l.in.data() + at));
     if (n > kMaxFrame)
-      return close_link(peer,
+      return close_link(i,
                         "it sent a malformed control frame (" + std::to_string(n) + " bytes, at most " +
                             std::to_string(kMaxFrame) + ")",
                         true);
@@ -309,24 +328,24 @@ void ControlLinks::read_frames(int peer) {
     at += 4 + n;
   }
   l.in.erase(0, at);
-  if (!ended.empty()) close_link(peer, ended, true);
+  if (!ended.empty()) close_link(i, ended, true);
 }
 
-void ControlLinks::write_out(int peer) {
-  Link& l = links_[peer];
+void ControlLinks::write_out(int i) {
+  Link& l = links_[i];
   while (l.out_off < l.out.size()) {
     const ssize_t k =
         ::send(l.fd.get(), l.out.data() + l.out_off, l.out.size() - l.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-      return close_link(peer, "its control link failed (" + net::errno_text("send") + ")", true);
+      return close_link(i, "its control link failed (" + net::errno_text("send") + ")", true);
     }
     l.out_off += static_cast<size_t>(k);
     l.sent = Clock::now();
   }
   l.out.clear();
   l.out_off = 0;
-  if (l.state == State::kClosing) close_link(peer, "", false);
+  if (l.state == State::kClosing) close_link(i, "", false);
 }
 
 void ControlLinks::tick(Clock::time_point now) {
@@ -336,16 +355,16 @@ void ControlLinks::tick(Clock::time_point now) {
     for (Link& l : links_) l.heard = now;
   }
   last_loop_ = now;
-  for (int r = 0; r < config_.world; ++r) {
-    Link& l = links_[r];
+  for (int i = 0; i < static_cast<int>(links_.size()); ++i) {
+    Link& l = links_[i];
     if (l.state == State::kClosing && now >= l.closing_deadline) {
-      close_link(r, "", false);
+      close_link(i, "", false);
       continue;
     }
     if (l.state != State::kUp) continue;
     if (now - l.sent >= interval_ && l.out_off == l.out.size()) {
       l.out += kHeartbeat;
-      write_out(r);
+      write_out(i);
       if (l.state != State::kUp) continue;
     }
     // A member dialled but not yet answering is still making its links: silent only past answer_by_.
@@ -353,7 +372,7 @@ void ControlLinks::tick(Clock::time_point now) {
       l.silence_reported = true;
       char text[32];
       std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(now - l.heard).count());
-      event(r, 's', text);
+      event(peers_[i], 's', text);
     }
   }
 }
@@ -366,8 +385,8 @@ void ControlLinks::loop() {
   while (!stop_) {
     fds.assign(1, {wake_fd_.get(), POLLIN, 0});
     owner.assign(1, -1);
-    for (int r = 0; r < config_.world; ++r) {
-      const Link& l = links_[r];
+    for (int i = 0; i < static_cast<int>(links_.size()); ++i) {
+      const Link& l = links_[i];
       short events = 0;
       if (l.state == State::kConnecting) events = POLLOUT;
       if (l.state == State::kChallenge) events = POLLIN;
@@ -375,7 +394,7 @@ void ControlLinks::loop() {
         events = static_cast<short>(POLLIN | (l.out_off < l.out.size() ? POLLOUT : 0));
       if (!events) continue;
       fds.push_back({l.fd.get(), events, 0});
-      owner.push_back(r);
+      owner.push_back(i);
     }
     const int wait_ms = settling_ > 0 ? 0 : net::ms_left(next_tick);  // a settle waits for passes
     lock.unlock();
@@ -386,7 +405,7 @@ void ControlLinks::loop() {
     if (rc < 0 && err != EINTR) {  // it cannot go on: every link is lost, and so every peer learns it at once
       errno = err;
       const std::string why = "this rank's control I/O thread failed (" + net::errno_text("poll") + ")";
-      for (int r = 0; r < config_.world; ++r) close_link(r, why, true);
+      for (int i = 0; i < static_cast<int>(links_.size()); ++i) close_link(i, why, true);
       break;
     }
     if (fds[0].revents & POLLIN) {
@@ -395,16 +414,16 @@ void ControlLinks::loop() {
       (void)k;
     }
     for (size_t i = 1; i < fds.size(); ++i) {
-      const int r = owner[i];
-      Link& l = links_[r];
+      const int k = owner[i];
+      Link& l = links_[k];
       if (!fds[i].revents || l.fd.get() != fds[i].fd) continue;  // changed while this thread polled
       if (l.state == State::kConnecting) {
-        on_connected(r);
+        on_connected(k);
       } else if (l.state == State::kChallenge) {
-        read_challenge(r);
+        read_challenge(k);
       } else {
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_frames(r);
-        if ((l.state == State::kUp || l.state == State::kClosing) && l.out_off < l.out.size()) write_out(r);
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_frames(k);
+        if ((l.state == State::kUp || l.state == State::kClosing) && l.out_off < l.out.size()) write_out(k);
       }
     }
     const Clock::time_point now = Clock::now();

@@ -4,9 +4,11 @@
 //
 // The parts, named once and used by these names below:
 //
-// - **link**: the one connection between this rank and a member. A rank dials the members below it (the
-//   I/O thread: every dial at once, non-blocking) and claims the members above it from its listener
-//   (listener.h) as their hellos arrive (wait_formed, on the caller's thread).
+// - **link**: the one connection between this rank and one of its *peers*, the members the plane's shape
+//   links it to (pycoll/fault/overlay.py: O(log world) of them, the same set seen from both ends). A rank
+//   dials the peers below it (the I/O thread: every dial at once, non-blocking) and claims the peers above
+//   it from its listener (listener.h) as their hellos arrive (wait_formed, on the caller's thread). Every
+//   table here is per peer, so a rank's memory and each I/O pass cost O(peers), not O(world).
 // - **frames** (wire.h): the Python layer's JSON bodies, queued per link (send) and written by the I/O
 //   thread; a body read from a link becomes an *event* for the Python layer (take).
 // - **heartbeat**: an empty frame the I/O thread sends on every link that sent nothing for a heartbeat
@@ -41,6 +43,8 @@ struct LinksConfig {
   int world = 1;
   std::string plane, token;
   double heartbeat_timeout_s = 5.0;
+  // The members this rank links to (sorted, without itself); empty: every member (a full mesh).
+  std::vector<int> peers;
   // How long a member this rank dialled may take to answer (to make its own links: the rest of the
   // formation) before its silence counts; never less than heartbeat_timeout_s.
   double answer_timeout_s = 0.0;
@@ -52,7 +56,7 @@ class ControlLinks {
   // Frames queued to a member past which it counts as not reading them (send returns false).
   static constexpr size_t kMaxQueued = 16u << 20;
 
-  // Starts forming: dials every member below `config.rank` at `addresses[r]` ("a.b.c.d:port").
+  // Starts forming: dials every peer below `config.rank` at `addresses[r]` ("a.b.c.d:port").
   ControlLinks(std::shared_ptr<ControlListener> listener, const LinksConfig& config,
                const std::vector<std::string>& addresses);
   ~ControlLinks();
@@ -66,7 +70,8 @@ class ControlLinks {
   std::vector<std::pair<int, std::string>> failures();
 
   // Queues `body` (a frame body) to `peer`: kSent, or kGone (its link closed: a `closed` event says why,
-  // or this rank dropped it), or kBackedUp (it reads nothing of what it is sent: kMaxQueued bytes wait).
+  // or this rank dropped it, or it is not a peer), or kBackedUp (it reads
+  // nothing of what it is sent: kMaxQueued bytes wait).
   enum SendResult { kSent = 0, kGone = 1, kBackedUp = 2 };
   SendResult send(int peer, const std::string& body);
   // Closes the link to `peer` once what was queued to it is written (at most 0.2 s later).
@@ -100,17 +105,20 @@ class ControlLinks {
     bool answered = false;  // a frame came from the member (a dialled one answers once it made its links)
   };
 
+  // The index of member `rank` in peers_ / links_, or -1 when it is not a peer.
+  int index(int rank) const;
   void loop();
   void wake();
-  void event(int peer, char kind, std::string data);               // mu_ held
-  void link_up(int peer, UniqueFd fd, const std::string& first);   // mu_ held
-  void close_link(int peer, const std::string& why, bool report);  // mu_ held
-  void fail_dial(int peer, const std::string& why);                // mu_ held
-  void on_connected(int peer);                                     // mu_ held
-  void read_challenge(int peer);                                   // mu_ held
-  void read_frames(int peer);                                      // mu_ held
-  void write_out(int peer);                                        // mu_ held
-  void tick(Clock::time_point now);                                // mu_ held
+  // Below, `i` is a peer's index (links_[i], peers_[i]); `peer` a member's rank. All with mu_ held.
+  void event(int peer, char kind, std::string data);
+  void link_up(int i, UniqueFd fd, const std::string& first);
+  void close_link(int i, const std::string& why, bool report);
+  void fail_dial(int i, const std::string& why);
+  void on_connected(int i);
+  void read_challenge(int i);
+  void read_frames(int i);
+  void write_out(int i);
+  void tick(Clock::time_point now);  // mu_ held
 
   std::shared_ptr<ControlListener> listener_;
   const LinksConfig config_;
@@ -120,7 +128,8 @@ class ControlLinks {
   std::mutex close_mu_;                // close() runs once at a time (it joins thread_)
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Link> links_;
+  std::vector<int> peers_;   // ranks, sorted
+  std::vector<Link> links_;  // links_[i]: the link to peers_[i]
   std::vector<std::pair<int, std::string>> failures_;
   std::deque<Event> events_;
   uint64_t made_ = 0;    // events made so far

@@ -41,7 +41,7 @@ void bind_fault(py::module_& m) {
   py::class_<ControlLinks>(m, "ControlLinks")
       .def(py::init([](std::shared_ptr<ControlListener> listener, int rank, int world, const std::string& plane,
                        const std::string& token, double heartbeat_timeout_s, const std::vector<std::string>& addresses,
-                       double answer_timeout_s) {
+                       double answer_timeout_s, const std::vector<int>& peers) {
              fault::LinksConfig config;
              config.rank = rank;
              config.world = world;
@@ -49,10 +49,12 @@ void bind_fault(py::module_& m) {
              config.token = token;
              config.heartbeat_timeout_s = heartbeat_timeout_s;
              config.answer_timeout_s = answer_timeout_s;
+             config.peers = peers;
              return std::make_unique<ControlLinks>(std::move(listener), config, addresses);
            }),
            py::arg("listener"), py::arg("rank"), py::arg("world"), py::arg("plane"), py::arg("token"),
-           py::arg("heartbeat_timeout_s"), py::arg("addresses"), py::arg("answer_timeout_s") = 0.0)
+           py::arg("heartbeat_timeout_s"), py::arg("addresses"), py::arg("answer_timeout_s") = 0.0,
+           py::arg("peers") = std::vector<int>{})
       .def(
           "wait_formed",
           [](ControlLinks& l, double timeout_s) { return without_gil([&] { return l.wait_formed(timeout_s); }); },

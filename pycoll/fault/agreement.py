@@ -1,40 +1,53 @@
-"""Fault-tolerant agreement on a fault plane: every live member calls ``agree(flag, payload)`` and all
-survivors return the same ``Decision``: the AND of the live members' flags, the set of members found
-dead, and every live member's payload.
+"""Fault-tolerant agreement on a fault plane, on a tree: every live member calls ``agree(flag, payload)``
+and all survivors return the same ``Decision``: the AND of the live members' flags, the set of members
+found dead, and every live member's payload. O(log world) rounds and O(1) messages per member when nobody
+dies; a death costs its subtree (or, for the root, everyone) one more pass up the tree.
 
 The parts, named once:
 
 - **agreement k**: the k-th ``agree`` call on the plane (every member calls them in the same order).
-- **proposal**: what a member brings to k: its flag, its payload and the members it knows dead. It sends
-  its proposal to every member when it enters k.
-- **coordinator**: the lowest live member. It decides once it holds a proposal from every live member:
-  flag = AND, dead = its own dead set and every proposal's, payloads = the proposals'. It sends the
-  **decision** to every member.
-- **ballot**: a coordinator's rank. A member that becomes coordinator because every member below it is
-  dead first sends a **query** with its ballot to the live members; each answers with the decision it
-  already holds (if any) and *promises* to ignore decisions of lower ballots from then on. If any answer
-  holds a decision, the new coordinator sends that one (a dead coordinator may have reached some members
-  before it died: they must not be contradicted); otherwise it decides as above. Rank 0 never needs a
-  query: no ballot is lower than its own. A member that holds a decision and becomes coordinator (the
-  coordinator that sent it died) sends that decision on.
+- **view**: the members this member knows dead or left; the **tree** (pycoll/fault/overlay.py: binomial,
+  rooted at the lowest live member, dead members skipped) is a function of it, so members with the same
+  view see the same tree, and a member whose view changes moves its part of the tree at once.
+- **entry**: what a member brings to k: its flag, its payload, and its **promise**: the highest root it has
+  seen for k (the lowest live member when it last looked); it rejects decisions of any lower root from then
+  on. A member raises its promise whenever its view gives k a higher root.
+- **bag**: the entries a member holds for k: its own and those its subtree sent up, with the dead its
+  subtree knows and the best decision any of them already **holds** (the highest root's). A member sends
+  its bag **up** to its parent once it holds an entry, promised to the current root, from every live member
+  of its subtree, and again whenever that bag, its parent or the root changes.
+- **root**: decides once its bag is complete for the whole tree: the held decision if there is one (a root
+  that died may have reached some members before it died: they must not be contradicted), else a new one:
+  flag = AND, dead = its view, payloads = the live entries'. The **decision** goes **down** the tree (and
+  to any member that sends up a bag after it was made), tagged with its root, the **ballot**.
+- **quorum**: a new decision needs more live members than silent ones among those not certainly gone (a
+  member whose links closed is certainly dead; a silent one may be alive on the other side of a partition),
+  or exactly half with the lowest of them. A root without quorum decides that its side is cut off: every
+  member that gets that decision is evicted (``EvictedError``), so two sides of a partition never both go
+  on.
 
-Why all survivors get the same decision: only coordinators decide, a coordinator of ballot b decides
-only after every live member promised b, and a member that promised b rejects every decision of a ballot
-below b. A member wrongly taken for dead (stopped, slow) is evicted by the detector (pycoll/fault/plane.py),
-so "dead" is final and a decision it missed is never needed from it. Every wait ends: the detector finds
-a silent member dead within its heartbeat timeout, and ``agree`` has its own deadline.
+Why all survivors get the same decision: only roots decide; a root r decides only once every live member
+sent it an entry promised to r, so every member that could still accept a lower root's decision has
+reported it (and r adopts it), and every other member will reject one. "Dead" is final: a member found dead
+while alive is evicted (pycoll/fault/plane.py), so a decision it missed is never needed from it. Every wait
+ends: the detector finds a silent member dead within its heartbeat timeout, and ``agree`` has its deadline.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pycoll.errors import CollectiveTimeoutError
+from pycoll.fault import overlay
 from pycoll.fault.members import Members
 
 _KEEP = 64  # agreements remembered (a member far behind asks about recent ones only)
+#: A member waiting for a decision sends its bag up again this often (seconds): a frame routed through a
+#: member that died on the way is lost, and the member that holds the decision answers the repeat.
+RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -42,21 +55,47 @@ class Decision:
     flag: bool
     dead: frozenset[int]
     payloads: dict[int, Any] = field(default_factory=dict)
+    #: False: the deciding side of the plane lacked quorum (it is cut off); every member that gets it is
+    #: evicted.
+    quorum: bool = True
+    #: A random value the deciding root drew: only the members that got the decision know it (a membership
+    #: change makes the next plane's token from it).
+    nonce: str = ""
 
     def to_wire(self) -> dict[str, Any]:
+        """Compact at any size: the members whose payload is None as runs [first, last] of ranks."""
+        none = sorted(r for r, p in self.payloads.items() if p is None)
+        runs: list[list[int]] = []
+        for r in none:
+            if runs and runs[-1][1] == r - 1:
+                runs[-1][1] = r
+            else:
+                runs.append([r, r])
         return {
             "flag": self.flag,
             "dead": sorted(self.dead),
-            "payloads": {str(r): p for r, p in self.payloads.items()},
+            "payloads": {str(r): p for r, p in self.payloads.items() if p is not None},
+            "none": runs,
+            "quorum": self.quorum,
+            "nonce": self.nonce,
         }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Decision:
-        return cls(
-            bool(d["flag"]),
-            frozenset(int(r) for r in d["dead"]),
-            {int(r): p for r, p in d["payloads"].items()},
-        )
+        payloads: dict[int, Any] = {int(r): p for r, p in d["payloads"].items()}
+        for first, last in d.get("none", ()):
+            payloads.update(dict.fromkeys(range(int(first), int(last) + 1)))
+        return cls(bool(d["flag"]), frozenset(int(r) for r in d["dead"]), dict(sorted(payloads.items())),
+                   bool(d.get("quorum", True)), str(d.get("nonce", "")))  # fmt: skip
+
+
+def has_quorum(world: int, live: list[int], gone: set[int]) -> bool:
+    """Whether ``live`` may decide for the plane: more than half of the members not certainly ``gone``
+    (dead with their links closed, or left), or exactly half holding the lowest of them."""
+    base = [r for r in range(world) if r not in gone]
+    if not base:
+        return False
+    return 2 * len(live) > len(base) or (2 * len(live) == len(base) and base[0] in live)
 
 
 class Agreements:
@@ -65,148 +104,252 @@ class Agreements:
     def __init__(self, plane: Members) -> None:
         self.plane = plane
         self.count = 0  # agreements this member has entered
-        self.proposals: dict[int, dict[int, dict[str, Any]]] = {}
-        self.decided: dict[int, Decision] = {}
+        self.joined: set[int] = set()
+        self.bags: dict[int, dict[int, list[Any]]] = {}  # k -> rank -> [flag, payload, promise]
+        self.held: dict[int, tuple[int, dict[str, Any]]] = {}  # k -> (ballot, decision on the wire)
         self.promised: dict[int, int] = {}
-        self.replies: dict[int, dict[int, dict[str, Any]]] = {}
-        self.queried: set[int] = set()
-        self.announced: set[int] = set()  # agreements whose decision this member sent as coordinator
+        self.decided: dict[int, Decision] = {}
+        self.wires: dict[int, dict[str, Any]] = {}  # k -> the decision held, on the wire
+        self.ballots: dict[int, int] = {}  # k -> the ballot of the decision held
+        self.sent_up: dict[int, tuple[Any, ...]] = {}  # k -> what the last bag sent up was (to skip repeats)
+        self.sent_down: dict[int, dict[int, int]] = {}  # k -> child -> ballot sent to it
+        self._shape: tuple[tuple[int, int], int, list[int], int | None, list[int]] | None = None
 
     # ---- the caller's side -------------------------------------------------------------------------
+    def start(self, flag: bool, payload: Any) -> int:
+        """Enters the next agreement with this member's entry; returns its k (``decided[k]`` once made)."""
+        self.count += 1
+        k = self.count
+        self.joined.add(k)
+        self.bags.setdefault(k, {})[self.plane.rank] = [bool(flag), payload, self.promised.get(k, -1)]
+        self._progress(k)
+        return k
+
     def agree(self, flag: bool, payload: Any, timeout: float) -> Decision:
         plane = self.plane
-        with plane.cv:
-            self.count += 1
-            k = self.count
-            mine = {"flag": bool(flag), "payload": payload, "dead": sorted(plane.dead)}
-            self.proposals.setdefault(k, {})[plane.rank] = mine
-        plane.broadcast({"t": "propose", "k": k, **mine})
         deadline = time.monotonic() + timeout
+        retry = time.monotonic() + RETRY_S
         with plane.cv:
+            k = self.start(flag, payload)
             while True:
-                self._drive(k)
+                if time.monotonic() >= retry:
+                    retry = time.monotonic() + RETRY_S
+                    self.retry()
                 if k in self.decided:
                     self._forget_before(k - _KEEP)
+                    plane.raise_if_evicted()
                     return self.decided[k]
                 plane.raise_if_evicted()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeoutError(self._timeout_text(k, timeout))
-                plane.cv.wait(min(left, 0.25))
+                plane.cv.wait(min(left, 0.25, max(0.0, retry - time.monotonic())))
 
     def _timeout_text(self, k: int, timeout: float) -> str:
-        live = self.plane.live()
-        missing = [r for r in live if r not in self.proposals.get(k, {})]
-        who = ", ".join(map(str, missing)) or "none"
+        plane = self.plane
+        root, subtree, _, _ = self._tree()
+        bag = self.bags.get(k, {})
+        missing = [r for r in subtree if r not in bag]
+        waiting = f"none below it; waiting for root {root}'s decision"
+        who = ", ".join(map(str, missing)) if missing else waiting
         return (
-            f"agreement #{k} on rank {self.plane.rank} did not complete within {timeout:.1f} s: live ranks "
-            f"{', '.join(map(str, live))}; not heard from: {who} (did every rank call agree / shrink / grow?)"
+            f"agreement #{k} on rank {plane.rank} did not complete within {timeout:.1f} s: live ranks "
+            f"{', '.join(map(str, plane.live()))}; not heard from: {who} (did every rank call agree / "
+            "shrink / grow?)"
         )
+
+    # ---- the tree ----------------------------------------------------------------------------------
+    def _gone(self, r: int) -> bool:
+        return r in self.plane.dead or r in self.plane.left
+
+    def _tree(self) -> tuple[int, list[int], int | None, list[int]]:
+        """The root, this member's live subtree, its parent and its children, in the current view (the
+        same for every k; kept until the view changes: dead and left only grow)."""
+        plane = self.plane
+        view = (len(plane.dead), len(plane.left))
+        if self._shape is None or self._shape[0] != view:
+            found = overlay.tree_root(plane.world, self._gone)
+            root = plane.rank if found is None else found
+            self._shape = (
+                view,
+                root,
+                overlay.tree_subtree(plane.rank, root, plane.world, self._gone),
+                overlay.tree_parent(plane.rank, root, plane.world, self._gone),
+                overlay.tree_children(plane.rank, root, plane.world, self._gone),
+            )
+        return self._shape[1], self._shape[2], self._shape[3], self._shape[4]
+
+    def _open(self) -> list[int]:
+        """The agreements that may still be open somewhere: this member's latest, and while that one is
+        undecided here the one before (a member behind may wait in it: members call agreements in order, and
+        one that holds k + 1's decision knows every live member left k)."""
+        k = self.count
+        return [k, k - 1] if k not in self.decided else [k]
 
     # ---- messages ----------------------------------------------------------------------------------
     def on_message(self, peer: int, msg: dict[str, Any]) -> None:
         kind, k = msg["t"], int(msg["k"])
-        if kind == "propose":
-            self.proposals.setdefault(k, {})[peer] = {
-                "flag": msg["flag"],
-                "payload": msg["payload"],
-                "dead": msg["dead"],
-            }
-        elif kind == "ballot":
-            ballot = int(msg["ballot"])
-            if ballot >= self.promised.get(k, -1):
-                self.promised[k] = ballot
-                dec = self.decided.get(k)
-                self.plane.send(
-                    peer,
-                    {
-                        "t": "promise",
-                        "k": k,
-                        "ballot": ballot,
-                        "decision": None if dec is None else dec.to_wire(),
-                    },
-                )
-        elif kind == "promise":
-            if int(msg["ballot"]) == self.plane.rank:
-                self.replies.setdefault(k, {})[peer] = msg
+        plane = self.plane
+        if k <= self.count - _KEEP:
+            return
+        if kind == "up":
+            bag = self.bags.setdefault(k, {})
+            for r, entry in msg["e"].items():
+                mine = bag.get(int(r))
+                if mine is None or int(entry[2]) > int(mine[2]):
+                    bag[int(r)] = list(entry)
+            if msg.get("h"):
+                self._hold(k, int(msg["h"][0]), msg["h"][1])
+            for r, certain in msg.get("d", {}).items():
+                if int(r) == plane.rank:
+                    plane.evict_self(f"rank {peer}'s subtree found it lost during an agreement")
+                elif not self._gone(int(r)) or certain:
+                    plane.found_dead(int(r), f"found dead by rank {peer}'s subtree during an agreement",
+                                     confirmed=bool(certain))  # fmt: skip
+            if k in self.decided and not msg.get("h"):  # it lacks the decision (its parent died, or it was
+                self._send_decision(k, peer, again=True)  # adopted after the decision went down)
         elif kind == "decide":
-            if k not in self.decided and int(msg["ballot"]) >= self.promised.get(k, -1):
-                self._accept(k, Decision.from_wire(msg["decision"]))
-        self.plane.cv.notify_all()
-        self.changed()
+            ballot = int(msg["b"])
+            if ballot >= self.promised.get(k, -1) and ballot >= self.ballots.get(k, -1):
+                self._accept(k, Decision.from_wire(msg["d"]), ballot, msg["d"])
+        plane.cv.notify_all()
+        self._progress(k)
+
+    def retry(self) -> None:
+        """Sends this member's bag up again for its undecided agreements (``agree`` calls it every
+        ``RETRY_S`` while it waits)."""
+        for k in self._open():
+            if k in self.joined and k not in self.decided:
+                self.sent_up.pop(k, None)
+                self._progress(k)
+
+    def last(self) -> list[Any] | None:
+        """The latest decision this member holds, [k, ballot, decision on the wire], for its goodbye."""
+        if not self.decided:
+            return None
+        k = max(self.decided)
+        return [k, self.ballots[k], self.wires[k]]
+
+    def from_leaver(self, last: list[Any]) -> None:
+        """A member that left held this decision: it is taken whatever this member promised (a member leaves
+        only once it returned from its agreements, with a decision no live member contradicts), and held for
+        adoption should this member become the root."""
+        k, ballot, wire = int(last[0]), int(last[1]), last[2]
+        if k <= self.count - _KEEP:
+            return
+        self._hold(k, ballot, wire)
+        if k not in self.decided:
+            self._accept(k, Decision.from_wire(wire), ballot, wire)
 
     def changed(self) -> None:
-        """Membership or messages changed: every open agreement this member may coordinate moves on, and
-        a member that became coordinator sends the decisions it holds (it may have got one from a
-        coordinator that died before reaching everyone)."""
-        for k in list(self.proposals):
-            if k not in self.decided:
-                self._drive(k)
-        live = self.plane.live()
-        if live and live[0] == self.plane.rank:
-            for k, decision in list(self.decided.items()):
-                if k not in self.announced:
-                    self.announced.add(k)
-                    msg = {"t": "decide", "k": k, "ballot": self.plane.rank, "decision": decision.to_wire()}
-                    self.plane.broadcast(msg)
+        """The view changed (a member dead or left): every open agreement moves its part of the tree. What
+        went to a member that is not a finger is sent again: a member it was routed through may have died
+        with it."""
+        fingers = set(self.plane.fingers)
+        for k in self._open():
+            sent = self.sent_up.get(k)
+            if sent is not None and sent[0] not in fingers:
+                del self.sent_up[k]
+            down = self.sent_down.get(k, {})
+            for child in [c for c in down if c not in fingers]:
+                del down[child]
+            self._progress(k)
 
-    # ---- the coordinator's side --------------------------------------------------------------------
-    def _drive(self, k: int) -> None:
+    def _hold(self, k: int, ballot: int, decision: dict[str, Any]) -> None:
+        if ballot > self.held.get(k, (-1, {}))[0]:
+            self.held[k] = (ballot, decision)
+
+    # ---- moving k on -------------------------------------------------------------------------------
+    def _progress(self, k: int) -> None:
         plane = self.plane
-        if k in self.decided or plane.rank not in self.proposals.get(k, {}):
+        if k not in self.joined:
             return
-        props = self.proposals[k]
-        for prop in list(props.values()):  # what the proposers found dead counts as dead here too
-            for r in prop["dead"]:
-                if r not in plane.dead and r != plane.rank:
-                    plane.found_dead(int(r), "found dead by another rank during an agreement")
-        if k in self.decided:  # decided while the deaths above were handled
-            return
-        live = plane.live()
-        if live[0] != plane.rank:
-            return
-        ballot = plane.rank
-        adopted: Decision | None = None
-        if ballot > 0:
-            if self.promised.get(k, -1) > ballot:
-                return
-            if k not in self.queried:
-                self.queried.add(k)
-                self.promised[k] = ballot
-                self.replies.setdefault(k, {})
-                plane.broadcast({"t": "ballot", "k": k, "ballot": ballot})
-            replies = self.replies.get(k, {})
-            if any(r not in replies for r in live if r != plane.rank):
-                return
-            held = [m["decision"] for r, m in replies.items() if r in live and m.get("decision")]
-            if held:
-                adopted = Decision.from_wire(held[0])
-        if adopted is None:
-            if any(r not in props for r in live):
-                return
-            adopted = Decision(
-                flag=all(bool(props[r]["flag"]) for r in live),
-                dead=frozenset(plane.dead),
-                payloads={r: props[r]["payload"] for r in live},
-            )
-        self._accept(k, adopted)
-        self.announced.add(k)
-        plane.broadcast({"t": "decide", "k": k, "ballot": ballot, "decision": adopted.to_wire()})
-
-    def _accept(self, k: int, decision: Decision) -> None:
+        root, subtree, parent, _ = self._tree()
+        promise = max(self.promised.get(k, -1), root)
+        self.promised[k] = promise
+        bag = self.bags.setdefault(k, {})
+        bag[plane.rank][2] = promise
         if k in self.decided:
+            if k not in self._open():
+                return
+            self._send_down(k)
+            if self.ballots[k] >= root:
+                return  # decided by the live root: nothing to report up
+        complete = all(r in bag and int(bag[r][2]) >= root for r in subtree)
+        if root == plane.rank:
+            if complete and (k not in self.decided or self.ballots[k] < root):
+                self._decide(k)  # a decision held from a dead root is sent on under this root's ballot
             return
-        self.decided[k] = decision
-        for r in decision.dead:
-            if r != self.plane.rank:
-                self.plane.found_dead(r, "found dead by the ranks' agreement")
-        if self.plane.rank in decision.dead:
-            self.plane.evicted = self.plane.evicted or "the other ranks agreed it was lost"
-        self.plane.cv.notify_all()
+        if not complete:
+            return
+        held = self.held.get(k)
+        signature = (parent, root, tuple(sorted((r, int(e[2])) for r, e in bag.items())),
+                     None if held is None else held[0])  # fmt: skip
+        if parent is None or self.sent_up.get(k) == signature:
+            return
+        dead = {str(r): r in plane.confirmed for r in plane.dead}
+        msg = {"t": "up", "k": k, "e": {str(r): e for r, e in bag.items()}, "d": dead,
+               "h": None if held is None else [held[0], held[1]]}  # fmt: skip
+        if plane.send(parent, msg):
+            self.sent_up[k] = signature
+
+    def _decide(self, k: int) -> None:
+        plane = self.plane
+        bag = self.bags[k]
+        live = plane.live()
+        held = self.held.get(k)
+        if held is not None:
+            self._accept(k, Decision.from_wire(held[1]), plane.rank, held[1])
+            return
+        if has_quorum(plane.world, live, plane.confirmed | plane.left):
+            decision = Decision(
+                flag=all(bool(bag[r][0]) for r in live),
+                dead=frozenset(plane.dead),
+                payloads={r: bag[r][1] for r in live},
+                nonce=secrets.token_hex(8),
+            )
+        else:
+            decision = Decision(flag=False, dead=frozenset(plane.dead), quorum=False)
+        self._accept(k, decision, plane.rank, decision.to_wire())
+
+    def _accept(self, k: int, decision: Decision, ballot: int, wire: dict[str, Any]) -> None:
+        plane = self.plane
+        if k not in self.decided:
+            self.decided[k] = decision
+            self.wires[k] = wire
+            for r in decision.dead:
+                if r != plane.rank and not self._gone(r):
+                    plane.found_dead(r, "found dead by the ranks' agreement")
+        self.ballots[k] = max(ballot, self.ballots.get(k, -1))
+        self._hold(k, self.ballots[k], self.wires[k])
+        if plane.rank in self.decided[k].dead:
+            plane.evict_self("the other ranks agreed it was lost")
+        elif not self.decided[k].quorum:
+            silent = sorted(set(plane.dead) - plane.confirmed)
+            plane.evict_self(
+                f"it is on the smaller side of a partition: {len(plane.live())} rank(s) here, ranks "
+                f"{', '.join(map(str, silent))} silent; the larger side goes on without it"
+            )
+        self._send_down(k)
+        plane.cv.notify_all()
+
+    def _send_down(self, k: int) -> None:
+        for child in self._tree()[3]:
+            self._send_decision(k, child)
+
+    def _send_decision(self, k: int, peer: int, again: bool = False) -> None:
+        ballot = self.ballots[k]
+        sent = self.sent_down.setdefault(k, {})
+        if sent.get(peer, -1) >= ballot and not again:
+            return
+        msg = {"t": "decide", "k": k, "b": ballot, "d": self.wires[k]}
+        if self.plane.send(peer, msg):
+            sent[peer] = ballot
 
     def _forget_before(self, k: int) -> None:
-        for table in (self.proposals, self.decided, self.promised, self.replies):
+        tables = (self.bags, self.held, self.promised, self.decided, self.wires, self.ballots, self.sent_up,
+                  self.sent_down)  # fmt: skip
+        for table in tables:
             for old in [x for x in table if x < k]:
-                del table[old]
-        self.announced = {x for x in self.announced if x >= k}
-        self.queried = {x for x in self.queried if x >= k}
+                del table[old]  # type: ignore[attr-defined]
+        self.joined = {x for x in self.joined if x >= k}

@@ -5,8 +5,8 @@ The parts, named once:
 
 - **old** / **new**: the communicator the change starts from and the one it makes (epoch + 1).
 - **decision**: an agreement on old's plane (pycoll/fault/agreement.py): for a shrink, who is dead; for a
-  grow, which joiners every member holds. Its payloads carry a random **nonce** from every survivor; the
-  new plane's token is a hash of them, so a process left out of the decision cannot reach the new plane.
+  grow, which joiners every member holds. It carries a random **nonce** the deciding root drew; the new
+  plane's token is a hash of it, so a process left out of the decision cannot reach the new plane.
 - **change**: what a change needs of old (``Change``: its plane, rank, size and epoch, how to revoke it,
   its joiners) and the way to build new (``Change.build``), which the communicator hands in: this module
   never sees a Communicator.
@@ -41,6 +41,7 @@ from pycoll.errors import (
     PycollError,
 )
 from pycoll.fault import wire
+from pycoll.fault.agreement import Decision
 from pycoll.fault.kvstore import PlaneStore
 from pycoll.fault.listener import ControlListener, dial, listener_for
 from pycoll.fault.plane import Plane, form
@@ -84,8 +85,8 @@ def member_info(listener: ControlListener, host: str) -> dict[str, Any]:
     return {"address": listener.address, "host": host, "pid": os.getpid()}
 
 
-def _new_plane_id(plane: Plane, decision_payloads: dict[int, Any], epoch: int) -> tuple[str, str]:
-    nonces = "".join(str(decision_payloads[r]["nonce"]) for r in sorted(decision_payloads))
+def _new_plane_id(plane: Plane, decision: Decision, epoch: int) -> tuple[str, str]:
+    nonces = decision.nonce + "/" + ",".join(map(str, sorted(decision.payloads)))
     base = plane.id.split("/")[0]
     token = hashlib.sha256(f"{plane.token}/{epoch}/{nonces}".encode()).hexdigest()[:32]
     return f"{base}/e{epoch}.{hashlib.sha256(nonces.encode()).hexdigest()[:8]}", token
@@ -147,11 +148,11 @@ def shrink(old: Change[M], timeout: float) -> M:
         left = deadline - time.monotonic()
         if left <= 0:
             raise CollectiveTimeoutError(f"shrink on rank {old.rank} did not complete within {timeout:.1f} s")
-        d = plane.agreements.agree(True, {"nonce": secrets.token_hex(8)}, left)
+        d = plane.agreements.agree(True, None, left)
         plane.raise_if_evicted()
         survivors = sorted(d.payloads)
         epoch = old.epoch + 1
-        plane_id, token = _new_plane_id(plane, d.payloads, epoch)
+        plane_id, token = _new_plane_id(plane, d, epoch)
         members = [plane.members[r] for r in survivors]
         new: M | None = None
         try:
@@ -251,20 +252,20 @@ def grow(old: Change[M], timeout: float, min_joiners: int, max_joiners: int | No
                 f"grow on rank {old.rank}: fewer than {min_joiners} process(es) asked to join within "
                 f"{timeout:.1f} s"
             )
-        d = plane.agreements.agree(
-            True, {"nonce": secrets.token_hex(8), "joiners": joiners_here.alive()}, left
-        )
+        held = joiners_here.alive()
+        d = plane.agreements.agree(True, {"joiners": held} if held else None, left)
         if d.dead:
             raise CommunicatorBrokenError(
                 f"rank(s) {sorted(d.dead)} are lost: shrink the communicator first, then grow"
             )
-        joiners = [(r, j) for r in sorted(d.payloads) for j in d.payloads[r]["joiners"]][:max_joiners]
+        joiners = [(r, j) for r in sorted(d.payloads) for j in (d.payloads[r] or {}).get("joiners", ())]
+        joiners = joiners[:max_joiners]
         if len(joiners) >= min_joiners:
             break
         time.sleep(0.02)
     world = old.world_size
     epoch = old.epoch + 1
-    plane_id, token = _new_plane_id(plane, d.payloads, epoch)
+    plane_id, token = _new_plane_id(plane, d, epoch)
     members = list(plane.members) + [{k: j[k] for k in ("address", "host", "pid")} for _, j in joiners]
     mine = [(world + i, j) for i, (holder, j) in enumerate(joiners) if holder == old.rank]
     for new_rank, j in mine:

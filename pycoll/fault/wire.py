@@ -17,9 +17,9 @@ from typing import Any
 
 from pycoll.errors import PeerLostError
 
-#: The frames of an agreement (pycoll/fault/agreement.py), by their "t": a rank's proposal; a ballot that
-#: asks the others to promise; a promise, with what was decided already; the decision.
-AGREEMENT_KINDS = ("propose", "ballot", "promise", "decide")
+#: The frames of an agreement (pycoll/fault/agreement.py), by their "t": a subtree's entries, up the tree;
+#: the decision, down it.
+AGREEMENT_KINDS = ("up", "decide")
 
 #: The largest frame accepted; a control message is a few hundred bytes, a kv value at most a few KiB.
 MAX_FRAME = 4 << 20

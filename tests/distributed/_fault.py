@@ -179,21 +179,23 @@ def _count_builds() -> list[int]:
 
 
 def _arm_death_in_shrink(comm: Any, how: str, path: str) -> None:
-    """Makes this rank die inside its coming shrink: right after it sent its proposal of the shrink's
-    agreement ("propose"), at the start of its build of the new communicator ("build"), or at the commit
-    agreement, before it proposes there ("commit")."""
+    """Makes this rank die inside its coming shrink: right after the first message it sends in the shrink's
+    agreement ("propose": its subtree's entries up the tree, or, at the root, its decision to its first
+    child only), at the start of its build of the new communicator ("build"), or at the commit agreement,
+    before it proposes there ("commit")."""
     import pycoll.fault.membership as membership
 
     if how == "propose":
         plane = comm.plane_required()
-        real = plane.broadcast
+        real = plane.send
 
-        def broadcast(msg: dict[str, Any], skip: tuple[int, ...] = ()) -> None:
-            real(msg, skip)
-            if msg.get("t") == "propose":
+        def send(peer: int, msg: dict[str, Any]) -> bool:
+            sent = real(peer, msg)
+            if msg.get("t") in ("up", "decide"):
                 die(path)
+            return sent
 
-        plane.broadcast = broadcast
+        plane.send = send
     elif how == "build":
         membership._build = lambda *a, **k: die(path)
     elif how == "commit":
@@ -581,14 +583,14 @@ def body_native_notices_first(comm, rank, world, victim, busy, hold, compute):
     real = plane_mod.Plane.found_dead
     pending: list[threading.Timer] = []
 
-    def found_dead(self: Any, peer: int, why: str, *, tell: bool = True) -> None:
+    def found_dead(self: Any, peer: int, why: str, **kwargs: Any) -> None:
         first_hand = "reported by" not in why and "found dead by" not in why
         if self is plane and peer == victim and first_hand and threading.current_thread() is self._thread:
             if not pending:  # found by this rank's own control thread: later
-                pending.append(threading.Timer(hold, lambda: real(self, peer, why, tell=tell)))
+                pending.append(threading.Timer(hold, lambda: real(self, peer, why, **kwargs)))
                 pending[0].start()
             return
-        real(self, peer, why, tell=tell)
+        real(self, peer, why, **kwargs)
 
     plane_mod.Plane.found_dead = found_dead
     pycoll.barrier(comm=comm, timeout=BODY_TIMEOUT)

@@ -5,6 +5,7 @@ and the steps after a commit are redone after a loss (tests/distributed/_elastic
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
 import sys
@@ -39,6 +40,13 @@ CASES = {
     "rank 0 killed, then a join": (4, 16, 2, {3: 0}, [8]),
     "two kills and a join": (5, 18, 3, {4: 4, 10: 1}, [13]),
 }
+# 32 ranks, kills of random ranks at random steps and joins between them (issue 52), drawn once from a seed.
+_rng = random.Random(52)
+CASES["32 ranks, random kills and joins"] = (
+    32, 20, 2,
+    dict(zip(sorted(_rng.sample(range(2, 17), 4)), _rng.sample(range(32), 4))),
+    sorted(_rng.sample(range(3, 17), 2)),
+)
 
 
 RUNS = [
@@ -48,6 +56,8 @@ RUNS = [
 ]
 if os.environ.get("FAULT_FULL", "") not in ("", "0"):  # the soak: every case on both transports
     RUNS = [(case, transport) for case in CASES for transport in ("shm", "tcp")]
+elif os.environ.get("FAULT_32", "") not in ("", "0"):  # the 32-rank loop alone (a few minutes here)
+    RUNS = [("32 ranks, random kills and joins", t) for t in ("shm", "tcp")]
 
 
 @pytest.mark.parametrize("case,transport", RUNS, ids=[f"{c}-{t}" for c, t in RUNS])
@@ -55,7 +65,7 @@ def test_elastic_loop_matches_replay(case, transport, monkeypatch):
     world, steps, every, kills, joins = CASES[case]
     if transport == "tcp":
         monkeypatch.setenv("PYCOLL_TRANSPORT", "tcp")
-    results = run_ranks(world, body, steps, every, kills, joins, timeout=120, allow_exit=True)
+    results = run_ranks(world, body, steps, every, kills, joins, timeout=120 + 10 * world, allow_exit=True)
     killed = {r for r, res in enumerate(results) if isinstance(res, RankExited)}
     assert killed == set(kills.values())
     alive = [res for res in results if not isinstance(res, RankExited)]

@@ -261,7 +261,7 @@ def test_two_ranks_killed_at_once(tmp_path, env, victims):
 # ---- 3. a rank killed inside shrink ------------------------------------------------------------------------
 IN_SHRINK = cases([
     # (env, how the second victim dies in shrink, first victim (mid-all-reduce), second victim)
-    ("shm", "propose", 3, 0),  # the coordinator dies right after its proposal
+    ("shm", "propose", 3, 0),  # the root dies once its decision reached its first child
     ("shm", "commit", 1, 4),
     # (rank 0 dying at its build makes the others' builds hang: see
     # test_shrink_survives_a_member_dying_after_others_dialled_it; put ("tcp", "build", 2, 0) here once fixed)

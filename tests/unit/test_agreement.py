@@ -93,25 +93,26 @@ def test_a_dead_rank_is_in_every_survivors_decision(victim):
 
 
 def test_a_decider_that_dies_after_reaching_one_rank_is_not_contradicted():
-    """Rank 0 decides, its decision reaches rank 1 only (rank 1 accepts it), then rank 0 dies: rank 1 takes
-    over (after asking ranks 2 and 3) and every survivor ends with rank 0's decision, although rank 0 is
-    now dead. Rank 0 dies only once rank 1 holds the decision: otherwise rank 1 may hear of the death
-    (from rank 2 or 3) first, decide anew, and rightly ignore the lower ballot's decision."""
+    """Rank 0 (the root) decides, its decision reaches rank 1 only (rank 1 accepts it), then rank 0 dies:
+    rank 1 is the root now (once ranks 2 and 3 promised it) and every survivor ends with rank 0's decision,
+    although rank 0 is now dead. Rank 0 dies only once rank 1 holds the decision: otherwise rank 1 may hear
+    of the death (from rank 2 or 3) first, decide anew, and rightly ignore the lower ballot's decision."""
     planes = make_planes(4)
     p0 = planes[0]
-    real = p0.broadcast
+    real = p0.send
 
-    def partial(msg, skip=()):
+    def partial(peer, msg):
         if msg.get("t") == "decide":
-            p0.send(1, msg)
-            deadline = time.monotonic() + 10
-            while int(msg["k"]) not in planes[1].agreements.decided and time.monotonic() < deadline:
-                time.sleep(0.001)
+            if peer == 1:
+                real(1, msg)
+                deadline = time.monotonic() + 10
+                while int(msg["k"]) not in planes[1].agreements.decided and time.monotonic() < deadline:
+                    time.sleep(0.001)
             die(p0)
-            return
-        real(msg, skip)
+            return False
+        return real(peer, msg)
 
-    p0.broadcast = partial  # type: ignore[method-assign]
+    p0.send = partial  # type: ignore[method-assign]
     try:
         out = agree_all(planes, [True] * 4)
         decisions = [d for d in out[1:]]
@@ -185,3 +186,23 @@ def test_a_member_that_never_makes_its_links_is_named_at_the_formation_deadline(
     with pytest.raises(CollectiveTimeoutError, match=r"rank\(s\) 0 did not connect"):
         form(listener, 1, 2, members, secrets.token_hex(4), secrets.token_hex(8), 0.5, started + 1.5)
     assert 1.4 < time.monotonic() - started < 5
+
+
+def test_a_heartbeat_timeout_the_host_cannot_keep_is_refused_naming_the_smallest(monkeypatch):
+    from pycoll.fault.plane import keepable_heartbeat_timeout
+
+    assert keepable_heartbeat_timeout(4, 2) == 0.1
+    assert keepable_heartbeat_timeout(64, 2) == pytest.approx(0.96)
+    assert keepable_heartbeat_timeout(128, 16) == pytest.approx(0.24)
+    import pycoll
+    from pycoll.bootstrap import TCPStoreClient, TCPStoreServer
+    from pycoll.errors import InvalidUsageError
+
+    monkeypatch.setenv("PYCOLL_HEARTBEAT_TIMEOUT", "0.05")
+    server = TCPStoreServer("127.0.0.1", 0)
+    try:
+        smallest = r"HEARTBEAT_TIMEOUT=0.05 s cannot be kept .* smallest it can keep is 0.10 s"
+        with pytest.raises(InvalidUsageError, match=smallest):
+            pycoll.init(store=TCPStoreClient("127.0.0.1", server.port, timeout=10), rank=0, world_size=1)
+    finally:
+        server.close()
