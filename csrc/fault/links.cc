@@ -21,6 +21,23 @@ constexpr auto kDropLinger = std::chrono::milliseconds(200);
 const std::string kHeartbeat(4, '\0');   // an empty frame
 constexpr double kMaxAnswerS = 86400.0;  // answer_timeout_s past this is "no limit" (and fits a time_point)
 
+// Milliseconds until `t`, rounded up (a poll that woke before its deadline would poll again at once, and
+// an idle rank would wake many times a tick), at most a second.
+int ms_until(ControlLinks::Clock::time_point t) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(t - ControlLinks::Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>((us + 999) / 1000, 0, 1000));
+}
+
+// The next tick after `now`: a multiple of `interval` on the steady clock (CLOCK_MONOTONIC, one clock for
+// every process of a host). Every rank of a host ticks at the same instants, so the heartbeats a rank gets
+// from its fingers on the host arrive together and are read in one wake-up, not one each: an idle rank
+// wakes a few times an interval, not once per finger.
+ControlLinks::Clock::time_point aligned_tick(ControlLinks::Clock::time_point now,
+                                             ControlLinks::Clock::duration interval) {
+  const auto since = now.time_since_epoch();
+  return ControlLinks::Clock::time_point((since / interval + 1) * interval);
+}
+
 ControlLinks::Clock::duration seconds(double s) {
   return std::chrono::duration_cast<ControlLinks::Clock::duration>(std::chrono::duration<double>(s));
 }
@@ -357,12 +374,8 @@ void ControlLinks::tick(Clock::time_point now) {
   last_loop_ = now;
   for (int i = 0; i < static_cast<int>(links_.size()); ++i) {
     Link& l = links_[i];
-    if (l.state == State::kClosing && now >= l.closing_deadline) {
-      close_link(i, "", false);
-      continue;
-    }
     if (l.state != State::kUp) continue;
-    if (now - l.sent >= interval_ && l.out_off == l.out.size()) {
+    if (now - l.sent >= interval_ * 3 / 4 && l.out_off == l.out.size()) {  // nothing sent since the last tick
       l.out += kHeartbeat;
       write_out(i);
       if (l.state != State::kUp) continue;
@@ -385,8 +398,10 @@ void ControlLinks::loop() {
   while (!stop_) {
     fds.assign(1, {wake_fd_.get(), POLLIN, 0});
     owner.assign(1, -1);
+    Clock::time_point wake_at = next_tick;
     for (int i = 0; i < static_cast<int>(links_.size()); ++i) {
       const Link& l = links_[i];
+      if (l.state == State::kClosing) wake_at = std::min(wake_at, l.closing_deadline);
       short events = 0;
       if (l.state == State::kConnecting) events = POLLOUT;
       if (l.state == State::kChallenge) events = POLLIN;
@@ -396,7 +411,7 @@ void ControlLinks::loop() {
       fds.push_back({l.fd.get(), events, 0});
       owner.push_back(i);
     }
-    const int wait_ms = settling_ > 0 ? 0 : net::ms_left(next_tick);  // a settle waits for passes
+    const int wait_ms = settling_ > 0 ? 0 : ms_until(wake_at);  // a settle waits for passes
     lock.unlock();
     const int rc = ::poll(fds.data(), fds.size(), wait_ms);
     const int err = errno;
@@ -427,12 +442,14 @@ void ControlLinks::loop() {
       }
     }
     const Clock::time_point now = Clock::now();
+    for (int i = 0; i < static_cast<int>(links_.size()); ++i)
+      if (links_[i].state == State::kClosing && now >= links_[i].closing_deadline) close_link(i, "", false);
     if (now >= next_tick) {
       tick(now);
-      next_tick = now + interval_ / 2;
+      next_tick = aligned_tick(now, interval_);
     }
     ++passes_;
-    cv_.notify_all();
+    if (settling_ > 0) cv_.notify_all();  // a settle counts passes; take() waits for events only
   }
 }
 

@@ -11,8 +11,10 @@
 //   table here is per peer, so a rank's memory and each I/O pass cost O(peers), not O(world).
 // - **frames** (wire.h): the Python layer's JSON bodies, queued per link (send) and written by the I/O
 //   thread; a body read from a link becomes an *event* for the Python layer (take).
-// - **heartbeat**: an empty frame the I/O thread sends on every link that sent nothing for a heartbeat
-//   interval (heartbeat_timeout / 5), and reads and drops.
+// - **heartbeat**: an empty frame the I/O thread sends, at its *tick*, on every link that sent nothing
+//   since the tick before, and reads and drops. Ticks come every heartbeat interval (heartbeat_timeout / 5)
+//   at instants aligned on the steady clock, the same for every process of a host, so that the heartbeats
+//   a rank gets arrive together and cost it one wake-up, not one per link.
 // - **detector**: a link that closes or fails becomes a `closed` event (a killed process's sockets are
 //   closed by the kernel at once); one that was silent for heartbeat_timeout a `silent` event (a stopped
 //   process, a hung host, a cut link), once. If the I/O thread itself did not run for half the timeout

@@ -193,7 +193,8 @@ void ControlListener::loop() {
     pending_.swap(still);
     if (now >= next_expiry) {
       expire(now);
-      next_expiry = now + std::chrono::seconds(1);
+      // An idle listener sleeps: parked hellos are expired within a few seconds of kParkedTimeout.
+      next_expiry = now + std::chrono::seconds(5);
     }
   }
 }

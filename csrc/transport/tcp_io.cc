@@ -197,7 +197,8 @@ void TcpTransport::io_loop() {
     owner.clear();
     fds.push_back({wake_fd_.get(), POLLIN, 0});
     owner.push_back(-1);
-    Clock::time_point wake_at = Clock::now() + std::chrono::milliseconds(100);
+    // Every change that needs this thread wakes it (wake_io); an idle one sleeps up to a second.
+    Clock::time_point wake_at = Clock::now() + std::chrono::seconds(1);
     if (Clock::now() < accept_paused_until_) {
       wake_at = std::min(wake_at, accept_paused_until_);
     } else if (!key_.empty() && incoming_.size() < kMaxPending) {

@@ -1,9 +1,9 @@
 """Where fault-plane connections arrive: one listening socket per process and address.
 
-Every communicator's fault plane (pycoll/fault/plane.py) is a full mesh of TCP connections, one per
-pair of ranks; rank r dials the ranks below it and is dialled by those above. Connections of every plane
-a process takes part in, and the requests of processes asking to join a job, arrive at this one socket,
-served by a native thread (``_C.ControlListener``, csrc/fault/listener.h):
+Every communicator's fault plane (pycoll/fault/plane.py) links each rank to its fingers (pycoll/fault/
+overlay.py: O(log n) of them); rank r dials the fingers below it and is dialled by those above. Connections
+of every plane a process takes part in, and the requests of processes asking to join a job, arrive at this
+one socket, served by a native thread (``_C.ControlListener``, csrc/fault/listener.h):
 
     dialler                                 listener
       connect  -------------------------->  accept; send {"t": "challenge", "c": <random hex>}

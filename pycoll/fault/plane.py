@@ -337,7 +337,7 @@ class Plane:
     # ---- the plane's thread ------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed:
-            for peer, kind, data in self._native.take(1.0):  # the GIL is released while it waits
+            for peer, kind, data in self._native.take(5.0):  # the GIL is released while it waits
                 self.on_event(peer, kind, data)
                 with self.cv:
                     self._handled += 1

@@ -3,6 +3,7 @@ the outcomes every survivor must share, including a decider that dies after reac
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
@@ -206,3 +207,40 @@ def test_a_heartbeat_timeout_the_host_cannot_keep_is_refused_naming_the_smallest
             pycoll.init(store=TCPStoreClient("127.0.0.1", server.port, timeout=10), rank=0, world_size=1)
     finally:
         server.close()
+
+
+def _sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def test_sixteen_ranks_link_only_their_fingers_route_the_rest_and_agree_after_a_death():
+    """16 planes in this process: each links its 7 fingers only (both ends of every link are here: 16 x 7
+    sockets, against 16 x 15 for a full mesh); rank 13's store requests reach rank 0 (not a finger of it)
+    routed; after rank 5 dies every survivor's agreement names it."""
+    from pycoll.fault import overlay
+    from pycoll.fault.kvstore import PlaneStore
+
+    listener_for("127.0.0.1", "127.0.0.1", None)  # the process's listener, there before the count
+    before = _sockets()
+    planes = make_planes(16)
+    try:
+        assert all(sorted(p._linked) == overlay.fingers(p.rank, 16) for p in planes)
+        assert _sockets() - before == 16 * 7
+        assert 0 not in planes[13]._linked
+        store = PlaneStore(planes[13], 10.0)
+        store.set("k", b"routed")
+        assert PlaneStore(planes[0], 10.0).get("k") == b"routed"
+        assert store.add("n", 3) == 3
+        die(planes[5])
+        alive = [p for p in planes if p.rank != 5]
+        out = agree_all(alive, [True] * 15)
+        assert all(not isinstance(d, BaseException) and d.dead == frozenset({5}) for d in out), out
+        assert all(set(d.payloads) == set(range(16)) - {5} for d in out)
+    finally:
+        close_all([p for p in planes if p.rank != 5])
