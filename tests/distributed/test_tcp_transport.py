@@ -257,7 +257,7 @@ def _body_poll_fails_on_rank0(comm, rank, world):
         def starve():
             time.sleep(0.5)  # rank 0 is waiting in the all-reduce by now
             resource.setrlimit(resource.RLIMIT_NOFILE, (1, hard))
-            time.sleep(0.5)  # the I/O thread polls at least every 100 ms
+            time.sleep(1.5)  # an idle I/O thread polls at least every second
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
         threading.Thread(target=starve, daemon=True).start()
