@@ -35,9 +35,12 @@ ends: the detector finds a silent member dead within its heartbeat timeout, and 
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from pycoll.errors import CollectiveTimeoutError
@@ -50,11 +53,55 @@ _KEEP = 64  # agreements remembered (a member far behind asks about recent ones 
 RETRY_S = 1.0
 
 
+class Payloads(Mapping[int, Any]):
+    """A decision's payloads by rank, read-only: those that are None kept as runs of ranks, so that a
+    decision of n members whose payloads are mostly None costs O(runs), not O(n), on every member."""
+
+    def __init__(self, given: Mapping[int, Any] = MappingProxyType({}), none: Iterable[tuple[int, int]] = ()):
+        self._given = {r: p for r, p in given.items() if p is not None}
+        runs = sorted([(r, r) for r, p in given.items() if p is None] + [(int(a), int(b)) for a, b in none])
+        merged: list[tuple[int, int]] = []
+        for first, last in runs:
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+            else:
+                merged.append((first, last))
+        self.none = merged  # [(first, last)], sorted, disjoint
+        self._firsts = [first for first, _ in merged]
+
+    def _in_runs(self, r: int) -> bool:
+        i = bisect.bisect_right(self._firsts, r) - 1
+        return i >= 0 and r <= self.none[i][1]
+
+    def __getitem__(self, r: int) -> Any:
+        if r in self._given:
+            return self._given[r]
+        if isinstance(r, int) and self._in_runs(r):
+            return None
+        raise KeyError(r)
+
+    def __contains__(self, r: object) -> bool:
+        return r in self._given or (isinstance(r, int) and self._in_runs(r))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted([*self._given, *(r for first, last in self.none for r in range(first, last + 1))]))
+
+    def __len__(self) -> int:
+        return len(self._given) + sum(last - first + 1 for first, last in self.none)
+
+    def given(self) -> dict[int, Any]:
+        """The payloads that are not None."""
+        return dict(self._given)
+
+    def __repr__(self) -> str:
+        return f"Payloads({self._given!r}, none={self.none!r})"
+
+
 @dataclass(frozen=True)
 class Decision:
     flag: bool
     dead: frozenset[int]
-    payloads: dict[int, Any] = field(default_factory=dict)
+    payloads: Payloads = field(default_factory=Payloads)
     #: False: the deciding side of the plane lacked quorum (it is cut off); every member that gets it is
     #: evicted.
     quorum: bool = True
@@ -64,29 +111,21 @@ class Decision:
 
     def to_wire(self) -> dict[str, Any]:
         """Compact at any size: the members whose payload is None as runs [first, last] of ranks."""
-        none = sorted(r for r, p in self.payloads.items() if p is None)
-        runs: list[list[int]] = []
-        for r in none:
-            if runs and runs[-1][1] == r - 1:
-                runs[-1][1] = r
-            else:
-                runs.append([r, r])
         return {
             "flag": self.flag,
             "dead": sorted(self.dead),
-            "payloads": {str(r): p for r, p in self.payloads.items() if p is not None},
-            "none": runs,
+            "payloads": {str(r): p for r, p in self.payloads.given().items()},
+            "none": [list(run) for run in self.payloads.none],
             "quorum": self.quorum,
             "nonce": self.nonce,
         }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Decision:
-        payloads: dict[int, Any] = {int(r): p for r, p in d["payloads"].items()}
-        for first, last in d.get("none", ()):
-            payloads.update(dict.fromkeys(range(int(first), int(last) + 1)))
-        return cls(bool(d["flag"]), frozenset(int(r) for r in d["dead"]), dict(sorted(payloads.items())),
-                   bool(d.get("quorum", True)), str(d.get("nonce", "")))  # fmt: skip
+        payloads = Payloads({int(r): p for r, p in d["payloads"].items()},
+                            [(int(first), int(last)) for first, last in d.get("none", ())])  # fmt: skip
+        return cls(bool(d["flag"]), frozenset(int(r) for r in d["dead"]), payloads, bool(d.get("quorum", True)),
+                   str(d.get("nonce", "")))  # fmt: skip
 
 
 def has_quorum(world: int, live: list[int], gone: set[int]) -> bool:
@@ -305,7 +344,7 @@ class Agreements:
             decision = Decision(
                 flag=all(bool(bag[r][0]) for r in live),
                 dead=frozenset(plane.dead),
-                payloads={r: bag[r][1] for r in live},
+                payloads=Payloads({r: bag[r][1] for r in live}),
                 nonce=secrets.token_hex(8),
             )
         else:

@@ -61,9 +61,11 @@ def body(comm, rank, world, steps, commit_every, kills, joins):
     """Every rank of the job: ``kills`` {step: original rank}, ``joins``: steps at which rank 0 starts a
     joiner and waits until the job holds its request (so the join lands at a known commit)."""
     started: list[subprocess.Popen] = []
+    started_at: list[int] = []  # the step each joiner was started at (a step redone starts none again)
 
     def step(ctx: pycoll.elastic.StepContext) -> None:
-        if ctx.step in joins and ctx.rank == 0 and len(started) < joins.count(ctx.step):
+        if ctx.step in joins and ctx.rank == 0 and started_at.count(ctx.step) < joins.count(ctx.step):
+            started_at.append(ctx.step)
             path = ":".join(p for p in sys.path if p)
             cmd = [sys.executable, "-c", JOINER, ctx.comm.join_address, str(steps), str(commit_every), path]
             started.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))

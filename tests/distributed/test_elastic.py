@@ -40,13 +40,13 @@ CASES = {
     "rank 0 killed, then a join": (4, 16, 2, {3: 0}, [8]),
     "two kills and a join": (5, 18, 3, {4: 4, 10: 1}, [13]),
 }
-# 32 ranks, kills of random ranks at random steps and joins between them (issue 52), drawn once from a seed.
+# 32 ranks, kills of random ranks at random steps and joins between them (issue 52), drawn once from a seed;
+# no kill in a step where a join lands (a rank lost while the state goes to joiners is not recovered: the
+# elastic loop's own limit, docs/fault-tolerance.md).
 _rng = random.Random(52)
-CASES["32 ranks, random kills and joins"] = (
-    32, 20, 2,
-    dict(zip(sorted(_rng.sample(range(2, 17), 4)), _rng.sample(range(32), 4))),
-    sorted(_rng.sample(range(3, 17), 2)),
-)
+_joins = sorted(_rng.sample(range(3, 17), 2))
+_kill_steps = sorted(_rng.sample([s for s in range(2, 17) if s not in {(j // 2 + 1) * 2 for j in _joins}], 4))
+CASES["32 ranks, random kills and joins"] = (32, 20, 2, dict(zip(_kill_steps, _rng.sample(range(32), 4))), _joins)
 
 
 RUNS = [
