@@ -124,8 +124,8 @@ class Decision:
     def from_wire(cls, d: dict[str, Any]) -> Decision:
         payloads = Payloads({int(r): p for r, p in d["payloads"].items()},
                             [(int(first), int(last)) for first, last in d.get("none", ())])  # fmt: skip
-        return cls(bool(d["flag"]), frozenset(int(r) for r in d["dead"]), payloads, bool(d.get("quorum", True)),
-                   str(d.get("nonce", "")))  # fmt: skip
+        dead = frozenset(int(r) for r in d["dead"])
+        return cls(bool(d["flag"]), dead, payloads, bool(d.get("quorum", True)), str(d.get("nonce", "")))
 
 
 def has_quorum(world: int, live: list[int], gone: set[int]) -> bool:

@@ -114,7 +114,7 @@ class SimNet:
         self.dead_learned: dict[int, Learned] = {}
         logging.getLogger("pycoll").setLevel(logging.ERROR)  # one warning per rank and death is noise here
         self.links = [SimLinks(self, r) for r in range(world)]
-        members: list[dict[str, Any]] = [{} for _ in range(world)]  # one list for every plane: O(n), not O(n²)
+        members: list[dict[str, Any]] = [{} for _ in range(world)]  # one list for all planes: O(n), not O(n²)
         self.planes = [
             Plane(r, world, "sim", "sim", self.links[r], members, None, heartbeat_timeout, thread=False)
             for r in range(world)

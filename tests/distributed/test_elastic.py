@@ -46,7 +46,8 @@ CASES = {
 _rng = random.Random(52)
 _joins = sorted(_rng.sample(range(3, 17), 2))
 _kill_steps = sorted(_rng.sample([s for s in range(2, 17) if s not in {(j // 2 + 1) * 2 for j in _joins}], 4))
-CASES["32 ranks, random kills and joins"] = (32, 20, 2, dict(zip(_kill_steps, _rng.sample(range(32), 4))), _joins)
+CASES["32 ranks, random kills and joins"] = (32, 20, 2, dict(zip(_kill_steps, _rng.sample(range(32), 4))),
+                                            _joins)
 
 
 RUNS = [
