@@ -14,7 +14,8 @@ report in ``<key>/record``. A wait answered within its first slice costs nothing
 keeps its overall deadline (a timeout still says how long it waited in all).
 
 ``announce(exc, world_size)`` is called by the failing rank: the first failure (``add`` on
-``<key>/count`` decides) writes ``{"rank", "type", "message"}`` to ``<key>/record``, best effort (an
+``<key>/count`` decides) writes ``{"rank", "type", "message"}`` to ``<key>/record`` ("rank": the failing
+rank, or the rank whose loss made it fail: a ``PeerLostError``'s), best effort (an
 error of the store itself is logged at debug level, never raised over ``exc``). Not published:
 ``PeerFailedError`` (that rank gives up because of the peer that failed first, which stays the one
 reported) and ``CollectiveTimeoutError`` (every rank has its own deadline, and the store may not be
@@ -38,7 +39,7 @@ from typing import Callable, TypeVar
 
 from pycoll.bootstrap.store import Store
 from pycoll.bootstrap.store.adapters import get_many
-from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PeerFailedError
+from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PeerFailedError, PeerLostError
 
 __all__ = ["LINGER_S", "SLICE_S", "FailFastStore"]
 
@@ -145,7 +146,9 @@ class FailFastStore:
                 message = str(exc)
                 if len(message) > MAX_MESSAGE_CHARS:
                     message = message[: MAX_MESSAGE_CHARS - 3] + "..."
-                record = {"rank": self.rank, "type": type(exc).__name__, "message": message}
+                # A rank that failed because it lost another names that one: the others raise naming it.
+                lost = getattr(exc, "rank", -1) if isinstance(exc, PeerLostError) else -1
+                record = {"rank": lost if lost >= 0 else self.rank, "type": type(exc).__name__, "message": message}
                 self.store.set(f"{self.key}/record", json.dumps(record).encode("utf-8"))
             if self.store.add(f"{self.key}/left", 1) >= world_size:
                 self.store.set(f"{self.key}/all_left", b"1")
