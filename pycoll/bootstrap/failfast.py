@@ -148,7 +148,8 @@ class FailFastStore:
                     message = message[: MAX_MESSAGE_CHARS - 3] + "..."
                 # A rank that failed because it lost another names that one: the others raise naming it.
                 lost = getattr(exc, "rank", -1) if isinstance(exc, PeerLostError) else -1
-                record = {"rank": lost if lost >= 0 else self.rank, "type": type(exc).__name__, "message": message}
+                rank = lost if lost >= 0 else self.rank
+                record = {"rank": rank, "type": type(exc).__name__, "message": message}
                 self.store.set(f"{self.key}/record", json.dumps(record).encode("utf-8"))
             if self.store.add(f"{self.key}/left", 1) >= world_size:
                 self.store.set(f"{self.key}/all_left", b"1")
