@@ -190,12 +190,12 @@ class Plane:
         dest = int(env["to"])
         with self.lock:
             usable = {r for r in self._linked if r not in self.dead and r not in self.left}
+        body = wire.body(env)
         if dest in usable:
-            if self._send_body(dest, wire.body(env)):
+            if self._send_body(dest, body):
                 return True
             usable.discard(dest)
         if not env.get("f"):
-            body = wire.body(env)
             while usable:
                 hop = overlay.next_hop(self.rank, dest, self.world, usable)
                 if hop is None:
@@ -406,11 +406,7 @@ class Plane:
             elif kind in ("kv", "kvr"):
                 self.kv.on_message(peer, msg)
             elif kind in self._handlers:
-                try:
-                    self._handlers[kind](peer, msg)
-                except (KeyError, TypeError, ValueError) as exc:  # a malformed message: not this thread's end
-                    log.warning("pycoll: rank %d ignored a malformed %r message from rank %d (%s)", self.rank,
-                                kind, peer, exc)  # fmt: skip
+                self._handlers[kind](peer, msg)  # a malformed message is logged by on_event
             elif len(self._unclaimed) < _UNCLAIMED_MAX:  # for a handler not set yet (set up after the plane)
                 self._unclaimed.append((peer, msg))
 
