@@ -6,6 +6,7 @@
     python bench/skew_overhead.py --sizes 4K,64K,1M --json out.jsonl
     python bench/skew_overhead.py --quick              # smoke run: 3 rounds, short bursts (seconds)
     python bench/skew_overhead.py --example            # a scripted straggler and the report it gives
+    python bench/skew_overhead.py --feature trace      # the flight recorder (issue 53) instead of skew
     pycoll run -n 4 bench/skew_overhead.py             # the same, launched by hand
 
 Overhead. Every rank process (``--ranks``, started with ``pycoll run``) forms a communicator
@@ -31,6 +32,10 @@ per collective at 4 KiB -- "met" / "MISSED" when the whole interval lies on one 
 when the machine's noise is larger than the target (more rounds narrow the interval as 1 / sqrt(rounds);
 with more ranks than cores the ranks' scheduling makes bursts differ by tens of percent). ``--json``
 keeps every round's figures.
+
+``--feature trace``: the same comparison for the flight recorder (pycoll/flight/, issue 53), switched off
+and on between bursts (``_C.trace_set_on``; skew recording stays as the environment sets it on both), against
+issue 53's target: <= 1% of the all-reduce's time at every size.
 
 Example (``--example``): 4 ranks (``--ranks``) on one communicator with recording on run 400 all-reduces
 of 1 MiB; rank 2 sleeps 5 ms before every 4th, rank 1 sleeps 1 ms before every 10th. Rank 0 prints
@@ -68,6 +73,8 @@ HERE = Path(__file__).resolve()
 #: Issue 19's targets: recording's cost, as a share of a 1 MiB all-reduce and in us at 4 KiB.
 TARGET_SHARE = {1 << 20: 0.01}
 TARGET_US = {4 << 10: 0.2}
+#: Issue 53's target for the flight recorder: its cost as a share of the all-reduce's time.
+TRACE_SHARE = 0.01
 #: Untimed all-reduces before each burst (a share of M, at least MIN_WARMUP); the first round: more.
 WARMUP_SHARE = 0.05
 MIN_WARMUP = 3
@@ -141,6 +148,7 @@ def _worker_overhead(args: argparse.Namespace) -> int:
     import numpy as np
 
     import pycoll
+    from pycoll import _C
 
     base = pycoll.init(timeout=args.timeout, fault_tolerance=False)
     rank, world = base.rank, base.world_size
@@ -173,13 +181,16 @@ def _worker_overhead(args: argparse.Namespace) -> int:
         for k, (x, m) in enumerate(zip(bufs, iters)):
             warm = max(MIN_WARMUP, int(m * WARMUP_SHARE)) * (3 if r == 0 else 1)
             for name in order:
-                if not args.two_comms:
+                if args.feature == "trace":
+                    _C.trace_set_on(name == "on" and not args.aa)
+                elif not args.two_comms:
                     comms[name].native().skew_set_recording(name == "on" and not args.aa)
                 t[r, k, 0 if name == "off" else 1] = _burst(comms[name], x, m, warm)
         if rank == 0 and args.progress:
             print(f"#   round {r + 1}/{args.rounds} done, {time.monotonic() - start:.1f} s", flush=True)
     slowest = _allreduce_max(base, t.reshape(-1)).reshape(t.shape)
     # Every rank recorded on the "on" communicator: its report says what it saw (and that it worked).
+    _C.trace_set_on(True)
     if not args.two_comms:
         comms["on"].native().skew_set_recording(True)
     rep = comms["on"].skew()
@@ -188,7 +199,7 @@ def _worker_overhead(args: argparse.Namespace) -> int:
     for c in set(comms.values()):
         c.finalize()
     if rank == 0:
-        rows = [_row(s, m, slowest[:, k, :] / m) for k, (s, m) in enumerate(zip(sizes, iters))]
+        rows = [_row(s, m, slowest[:, k, :] / m, args.feature) for k, (s, m) in enumerate(zip(sizes, iters))]
         print(_table(rows), flush=True)
         print(
             f"# the recording communicator's report covers {recorded} collectives "
@@ -206,7 +217,7 @@ def _worker_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row(size: int, iters: int, per: Any) -> dict[str, Any]:
+def _row(size: int, iters: int, per: Any, feature: str = "skew") -> dict[str, Any]:
     """Per round per-collective times (s) [round][0: off, 1: on] -> the table's figures (us)."""
     off = [float(v) * 1e6 for v in per[:, 0]]
     on = [float(v) * 1e6 for v in per[:, 1]]
@@ -217,7 +228,9 @@ def _row(size: int, iters: int, per: Any) -> dict[str, Any]:
     off_med = statistics.median(off)
     diff_med = statistics.median(diffs)
     target = None
-    if size in TARGET_US:
+    if feature == "trace":
+        target = TRACE_SHARE * off_med
+    elif size in TARGET_US:
         target = TARGET_US[size]
     elif size in TARGET_SHARE:
         target = TARGET_SHARE[size] * off_med
@@ -340,6 +353,10 @@ def _parser() -> argparse.ArgumentParser:
         help="compare two communicators (one made with skew=False) instead of switching recording off and "
         "on between bursts of one; a pair of communicators can differ by more than the overhead",
     )
+    ap.add_argument(
+        "--feature", choices=("skew", "trace"), default="skew",
+        help="what is switched off and on: skew recording (default) or the flight recorder",
+    )  # fmt: skip
     ap.add_argument("--example", action="store_true", help="the scripted straggler's report instead")
     ap.add_argument("--example-iters", type=int, default=400, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 rounds of 10 ms bursts")

@@ -29,6 +29,7 @@ from pycoll.errors import (
     PeerLostError,
     PycollError,
 )
+from pycoll.flight.explain import explain
 from pycoll.tuning.model import Model
 
 if TYPE_CHECKING:
@@ -180,7 +181,10 @@ class Context:
                 if plane.evicted is not None or (
                     not isinstance(e, CollectiveMismatchError) and (plane.revoked is not None or plane.dead)
                 ):
-                    raise self.plane_error(prefer=lost) from e
+                    error = self.plane_error(prefer=lost)
+                    explain(self, error)
+                    raise error from e
+            explain(self, e)
             raise e
         # KeyboardInterrupt mid-collective: the peers were told, this is over
         self.broken = e

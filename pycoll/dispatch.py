@@ -117,19 +117,22 @@ class _HostExecutor:
                 self.worker.submit(lambda: self.run(call), False)
             return call.result
 
+        # Its flight record is made now, with the caller's call site and the time it was enqueued.
+        ticket = _C.trace_enqueue(self.ctx.native(), self.args(call))
+
         def body() -> Any:
-            self.run(call)
+            self.run(call, ticket)
             return call.result
 
         return Work(self.worker.submit(body, True), call.describe())
 
-    def run(self, call: Call) -> None:
+    def run(self, call: Call, ticket: int = 0) -> None:
         """Runs ``call`` on this thread (the GIL released while it runs); straggler notices it completed
-        are delivered before it returns."""
+        are delivered before it returns. ``ticket``: its flight record, made when it was enqueued."""
         native = self.ctx.native()
         args = self.args(call)
         try:
-            events = native.run(args, call.inp.ptr, call.out.ptr)
+            events = native.run(args, call.inp.ptr, call.out.ptr, ticket)
         except BaseException as e:
             self.ctx.native_failed(e)
         if events and call.report:  # never inside the library's own collectives

@@ -55,6 +55,12 @@
 |                        | collectives passes this many milliseconds (on_straggler)       |         |
 | PYCOLL_FAKE_CLOCK_OFFSET_S | for tests: shift this rank's clock by this many seconds    | 0       |
 |                        | (the skew report must still find the right lateness)           |         |
+| PYCOLL_TRACE           | the flight recorder (pycoll/flight/): every rank keeps its last| on      |
+|                        | collectives with their call sites, and a timeout, lost peer or |         |
+|                        | mismatch says where every rank is; ``0``: off                  |         |
+| PYCOLL_TRACE_ENTRIES   | collectives the flight recorder keeps per process              | 2048    |
+| PYCOLL_TRACE_DIR       | where errors and ``pycoll trace dump`` write the ranks' records| tmp dir |
+|                        | (one JSON file per rank); default ``<tmp>/pycoll-trace``       |         |
 
 Launch variables that are not pycoll's own (RANK, OMPI_COMM_WORLD_*, SLURM_*...) are parsed in
 ``pycoll.bootstrap.env``. The other variables pycoll reads are NVIDIA's and the system's, for finding
@@ -84,6 +90,9 @@ TCP_FRAGMENT_BYTES = 512 * 1024
 TCP_RING_BYTES_PER_RANK = 64 << 20
 DEFAULT_TCP_SLOTS = 4
 DEFAULT_SKEW_WINDOW = 1000
+# The flight recorder keeps this many collectives per process (torch's NCCL flight recorder keeps 2,000 by
+# default: TORCH_NCCL_TRACE_BUFFER_SIZE); about 100 bytes each.
+DEFAULT_TRACE_ENTRIES = 2048
 # PYCOLL_STRAGGLER_MS judges a rank's mean lateness over this many collectives.
 STRAGGLER_WINDOW = 100
 # A rank with a CPU of its own polls for up to 5 ms before it sleeps. On virtual machines a sleeping
@@ -138,6 +147,11 @@ class Settings:
     skew_report: str | None = None
     straggler_ms: float | None = None
     fake_clock_offset_s: float = 0.0
+    #: PYCOLL_TRACE, PYCOLL_TRACE_ENTRIES, PYCOLL_TRACE_DIR: the flight recorder (pycoll/flight/), the
+    #: collectives it keeps, and where the ranks' records are written (None: <tmp>/pycoll-trace).
+    trace: bool = True
+    trace_entries: int = DEFAULT_TRACE_ENTRIES
+    trace_dir: str | None = None
     #: PYCOLL_SECRET as bytes (None: unset); kept out of repr so it is never printed or logged.
     secret: bytes | None = field(default=None, repr=False)
 
@@ -222,6 +236,9 @@ class Settings:
                 else None
             ),
             fake_clock_offset_s=float(number("PYCOLL_FAKE_CLOCK_OFFSET_S", 0.0, float, -1e9)),
+            trace=_flag(env, "PYCOLL_TRACE", True),
+            trace_entries=int(number("PYCOLL_TRACE_ENTRIES", DEFAULT_TRACE_ENTRIES, int, 1)),
+            trace_dir=env.get("PYCOLL_TRACE_DIR", "").strip() or None,
         )
 
 

@@ -50,6 +50,7 @@ from pycoll.fault.listener import listener_for
 from pycoll.fault.membership import member_info
 from pycoll.fault.plane import Plane, check_heartbeat_timeout
 from pycoll.fault.plane import form as form_plane
+from pycoll.flight import recorder as flight
 from pycoll.tuning import Model
 from pycoll.tuning.persist import load_model, model_from_dict, model_to_dict
 
@@ -345,7 +346,20 @@ def form(
         {"shm": "shared-memory", "tcp": "TCP", "mixed": "shared-memory (this host) and TCP"}[transport],
         _C.reduce_isa(),
     )
+    _name_for_records(native, group, plane, settings)
     return Context(group, native, plane, store)
+
+
+def _name_for_records(native: Any, group: Group, plane: Plane | None, settings: Settings) -> None:
+    """Names the communicator in the flight recorder (pycoll/flight/): by its plane's id, the same on every
+    rank, with its members' control addresses; notes this process's address for ``pycoll trace dump``."""
+    flight.start(settings)
+    if plane is None:
+        flight.register(native, f"local-{os.getpid()}", group.rank, group.world_size, group.epoch, [])
+        return
+    members = [str(m["address"]) for m in plane.members]
+    flight.register(native, plane.id, group.rank, group.world_size, group.epoch, members)
+    flight.note_live(settings, plane.listener.address)
 
 
 def _refuse_shm_across_hosts(

@@ -67,12 +67,25 @@ size_t Communicator::run(const Call& c) {
   args.residual = reinterpret_cast<float*>(c.residual);
   args.seed = c.seed;
   std::lock_guard<std::mutex> lock(mu_);
-  args.stamp = skew_->enter();
-  if (widen || rotate || plan.result_bytes > 0)
-    staged(c, args, codec);
-  else
-    execute(plan, args, codec, c.program.get());
+  const uint64_t ticket = trace_start(c, args.desc, executor_->seq() + 1, false);
+  try {
+    args.stamp = skew_->enter();
+    if (widen || rotate || plan.result_bytes > 0)
+      staged(c, args, codec);
+    else
+      execute(plan, args, codec, c.program.get());
+  } catch (...) {
+    trace::FlightRecorder::get().end(ticket, false);
+    throw;
+  }
+  trace::FlightRecorder::get().end(ticket, true);
   return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
+}
+
+uint64_t Communicator::trace_start(const Call& c, const Descriptor& desc, uint64_t seq, bool gpu) {
+  trace::FlightRecorder& recorder = trace::FlightRecorder::get();
+  if (recorder.start(c.ticket, seq)) return c.ticket;
+  return recorder.begin(trace_comm_, desc, c.site, seq, gpu);
 }
 
 // A collective on work copies of its buffers, for any of three reasons at once: float16 / bfloat16 data
@@ -174,8 +187,17 @@ size_t Communicator::run_device(const Call& c) {
   cuda::GpuCommunicator::Call call = c.device;
   std::lock_guard<std::mutex> lock(mu_);
   call.seq = executor_->claim_seq();
+  const Descriptor desc{c.collective, c.algorithm, c.dtype, c.op, c.count, c.root, c.codec_id};
+  const uint64_t ticket = trace_start(c, desc, call.seq, true);
   CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(c.timeout_s * 1e9), on_idle_);
-  c.gpu->run(*c.plan, *c.program, call, &host);
+  try {
+    c.gpu->run(*c.plan, *c.program, call, &host);
+  } catch (...) {
+    trace::FlightRecorder::get().end(ticket, false);
+    throw;
+  }
+  // Ended when the host has run every group: the GPU may still be finishing the last one's kernels.
+  trace::FlightRecorder::get().end(ticket, true);
   return 0;
 }
 #endif

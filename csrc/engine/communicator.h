@@ -12,6 +12,7 @@
 
 #include "cpu/codec.h"
 #include "engine/executor.h"
+#include "engine/flight_recorder.h"
 #include "engine/grouped_executor.h"
 #include "engine/plan.h"
 #include "engine/skew.h"
@@ -73,6 +74,11 @@ struct Call {
   std::shared_ptr<GroupedProgram> program;
   // Whether it counts in the skew report (false: one of the library's own, which only feed its clock).
   bool skew = true;
+  // The flight recorder's (engine/flight_recorder.h): where the user called it (a site id; -1 unknown),
+  // and the record made when it was enqueued (an asynchronous collective; 0: none, one is made when it
+  // starts). Set per run by the binding, never kept in the Python layer's Call.
+  int32_t site = -1;
+  uint64_t ticket = 0;
 #if PYCOLL_WITH_CUDA
   // A collective on GPU memory whose messages travel through this transport (host-staged: for ranks that
   // share one GPU, which NCCL refuses, or that have no NCCL): the GPU communicator whose kernels run the
@@ -104,6 +110,9 @@ class Communicator {
   // Where this rank's time in its CPU collectives went (engine/waiter.h), summed since it was made.
   const WaitStats& wait_stats() const { return executor_->stats(); }
   SkewRecorder& skew() { return *skew_; }
+  // This communicator's id in the flight recorder (FlightRecorder::comm_id; -1 until named).
+  void set_trace_comm(int id) { trace_comm_ = id; }
+  int trace_comm() const { return trace_comm_; }
   Executor& executor() { return *executor_; }
 
  private:
@@ -112,6 +121,8 @@ class Communicator {
   void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
   void staged(const Call& c, RunArgs& args, const cpu::Codec* codec);
   static void check_parts(const std::vector<uint64_t>& parts, size_t n, const char* what);
+  // The flight record of collective `seq`, now starting: the call's own (enqueued) one, or a new one.
+  uint64_t trace_start(const Call& c, const Descriptor& desc, uint64_t seq, bool gpu);
 #if PYCOLL_WITH_CUDA
   size_t run_device(const Call& c);
 #endif
@@ -124,6 +135,7 @@ class Communicator {
   std::mutex mu_;
   std::vector<uint8_t> work_;  // work copies of a collective's buffers (staged)
   std::function<void()> on_idle_;
+  int trace_comm_ = -1;
   std::vector<uint8_t> staging_, encoded_;  // grouped programs' staging and kEncoded buffers
 };
 

@@ -1,5 +1,6 @@
 #include "fault/listener.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <iterator>
 
+#include "fault/probe.h"
 #include "fault/wire.h"
 #include "pycoll/errors.h"
 #include "transport/sockets.h"
@@ -44,6 +46,8 @@ ControlListener::~ControlListener() {
   wake(wake_fd_.get());
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return probes_ == 0; });  // each is over within its send timeout
   for (Join& j : joins_) ::close(j.fd);
 }
 
@@ -143,12 +147,42 @@ void ControlListener::finish(Pending& p) {
     cv_.notify_all();
     return;
   }
+  ProbeRequest probe;
+  if (parse_probe(body, &probe)) {
+    if (probe_proof_ok(secret_, p.challenge, probe.proof)) answer_probe(std::move(p.fd), probe);
+    return;  // a wrong proof: closed with p
+  }
   Hello h;
   if (!parse_hello(body, &h) || !proof_ok(secret_, p.challenge, h)) return;  // closed with p
   std::lock_guard<std::mutex> lock(mu_);
   parked_[Key{h.plane, h.rank, h.to}] = Parked{std::move(p.fd), h.token, Clock::now()};
   ++generation_;
   cv_.notify_all();
+}
+
+void ControlListener::answer_probe(UniqueFd fd, const ProbeRequest& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (probes_ >= kMaxProbes) return;
+    ++probes_;
+  }
+  std::thread([this, raw = fd.release(), request] {
+    UniqueFd own(raw);
+    // Blocking, with a deadline: the report is written in one go, whatever its size.
+    const int fl = ::fcntl(own.get(), F_GETFL);
+    if (fl >= 0) ::fcntl(own.get(), F_SETFL, fl & ~O_NONBLOCK);
+    struct timeval tv{5, 0};
+    ::setsockopt(own.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    const std::string out = frame(probe_report(request));
+    for (size_t off = 0; off < out.size();) {
+      const ssize_t k = ::send(own.get(), out.data() + off, out.size() - off, MSG_NOSIGNAL);
+      if (k <= 0 && errno != EINTR) break;
+      if (k > 0) off += static_cast<size_t>(k);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    --probes_;
+    cv_.notify_all();
+  }).detach();
 }
 
 void ControlListener::expire(Clock::time_point now) {

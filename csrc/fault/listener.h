@@ -7,6 +7,8 @@
 //                                            (plane, from, to) until that plane's links claim it
 //       or {"t":"join", ...} (JSON)          queued for the Python layer with its challenge (next_join),
 //                                            which checks the request and answers it
+//       or a probe (probe.h)                 answered by a probe thread of its own, natively: where this
+//                                            process is (its flight records, its threads' stacks)
 //
 // The handshake reads exactly one frame: what the dialler sends after it stays in the socket for the
 // plane. Handshakes run side by side on non-blocking sockets, so one stalled connection holds up nobody;
@@ -26,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "fault/probe.h"
 #include "transport/fd.h"
 
 namespace pycoll::fault {
@@ -89,6 +92,8 @@ class ControlListener {
   bool advance(Pending& p);
   void finish(Pending& p);
   void expire(Clock::time_point now);
+  // Answers a probe on a thread of its own (at most kMaxProbes at once; one more is closed unanswered).
+  void answer_probe(UniqueFd fd, const ProbeRequest& request);
 
   std::string secret_;
   UniqueFd listen_fd_, wake_fd_;
@@ -102,6 +107,7 @@ class ControlListener {
   std::map<Key, Parked> parked_;
   uint64_t generation_ = 0;
   std::deque<Join> joins_;
+  int probes_ = 0;  // probe threads running (the destructor waits for them)
 };
 
 }  // namespace pycoll::fault

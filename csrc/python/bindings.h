@@ -21,5 +21,7 @@ void bind_testing(pybind11::module_& m);
 void bind_fault(pybind11::module_& m);
 // The skew recorder's methods on pycoll._C.NativeCommunicator (csrc/engine/skew.h).
 void bind_skew(pybind11::module_& m, pybind11::class_<Communicator>& cls);
+// The flight recorder and probes (csrc/engine/flight_recorder.h, csrc/fault/probe.h): pycoll/flight/.
+void bind_trace(pybind11::module_& m, pybind11::class_<Communicator>& cls);
 
 }  // namespace pycoll::python

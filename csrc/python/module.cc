@@ -22,6 +22,7 @@
 #include "engine/plan_compiler.h"
 #include "kernels/rotation.h"
 #include "python/bindings.h"
+#include "python/call_site.h"
 #include "python/error_translation.h"
 #include "python/gil.h"
 #include "python/numpy_args.h"
@@ -327,6 +328,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", [](Communicator& c) { return c.transport().segment_bytes(); })
       .def_property_readonly("fragment_bytes", [](Communicator& c) { return c.transport().fragment_bytes(); })
       .def_property_readonly("seq", &Communicator::seq)
+      .def(
+          "ranks_not_entered", [](Communicator& c, uint64_t seq) { return c.transport().ranks_not_entered(seq); },
+          py::arg("seq"), "the ranks that have not announced entering collective `seq` (as a timeout names them)")
       .def("wait_stats",
            [](Communicator& c) {
              // Sums since the communicator was made; bench/profile.py takes differences.
@@ -349,17 +353,20 @@ PYBIND11_MODULE(_C, m) {
       .def("shm_mapped_peers", [](Communicator& c) { return c.shm().mapped_peers(); })
       .def(
           "run",
-          [](Communicator& c, const Call& call, uintptr_t input, uintptr_t output) {
+          [](Communicator& c, const Call& call, uintptr_t input, uintptr_t output, uint64_t ticket) {
             // The call on these buffers: the caller keeps one Call per kind of call (making one costs
             // microseconds) and only the addresses change from call to call. A copy: the Python object's
             // fields (and the plan, codec and program they hold) may be reassigned by another thread while
-            // this one runs without the GIL.
+            // this one runs without the GIL. `ticket`: its flight record, made when it was enqueued
+            // (trace_enqueue); 0: made now, with the caller's call site.
             Call mine = call;
             mine.input = input;
             mine.output = output;
+            mine.ticket = ticket;
+            if (ticket == 0) mine.site = python::call_site();
             return python::without_gil([&] { return c.run(mine); });
           },
-          py::arg("call"), py::arg("input"), py::arg("output"))
+          py::arg("call"), py::arg("input"), py::arg("output"), py::arg("ticket") = 0)
       .def(
           "run_in_place",
           [](Communicator& c, const Call& call, py::handle array) -> int64_t {
@@ -380,12 +387,14 @@ PYBIND11_MODULE(_C, m) {
             if (view.len != bytes) return -1;
             Call mine = call;
             mine.input = mine.output = reinterpret_cast<uintptr_t>(view.buf);
+            mine.site = python::call_site();
             return static_cast<int64_t>(python::without_gil([&] { return c.run(mine); }));
           },
           py::arg("call"), py::arg("array"))
       .def("abort", &Communicator::abort, py::arg("kind"), py::arg("message"));
 
   python::bind_skew(m, communicator);
+  python::bind_trace(m, communicator);
   python::bind_fault(m);
   python::bind_testing(m);
   python::bind_cuda(m);

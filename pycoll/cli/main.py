@@ -26,6 +26,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("bench", "pycoll.cli.bench"),
     ("doctor", "pycoll.cli.doctor"),
     ("model", "pycoll.cli.model"),
+    ("trace", "pycoll.cli.trace"),
 ]
 
 

@@ -36,12 +36,13 @@ def encode(msg: dict[str, Any]) -> bytes:
     return _LEN.pack(len(data)) + data
 
 
-def recv_frame(sock: socket.socket, deadline: float, what: str) -> dict[str, Any]:
-    """One frame, read exactly (nothing past it), before ``deadline`` (time.monotonic())."""
+def recv_frame(sock: socket.socket, deadline: float, what: str, max_bytes: int = MAX_FRAME) -> dict[str, Any]:
+    """One frame, read exactly (nothing past it), before ``deadline`` (time.monotonic()); its body at most
+    ``max_bytes`` long."""
     head = _recv_exact(sock, 4, deadline, what)
     (n,) = _LEN.unpack(head)
-    if n > MAX_FRAME:
-        raise PeerLostError(f"{what}: frame of {n} bytes (at most {MAX_FRAME})")
+    if n > max_bytes:
+        raise PeerLostError(f"{what}: frame of {n} bytes (at most {max_bytes})")
     msg = json.loads(_recv_exact(sock, n, deadline, what))
     if not isinstance(msg, dict):
         raise PeerLostError(f"{what}: not a control frame")

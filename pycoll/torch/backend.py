@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
@@ -59,6 +60,7 @@ from torch._C._distributed_c10d import (
 import pycoll
 from pycoll.bootstrap import TorchStoreAdapter
 from pycoll.errors import InvalidUsageError
+from pycoll.flight.recorder import internal_paths
 from pycoll.skew import Notice, SkewReport, StragglerEvent
 from pycoll.torch.monitored import MonitoredBarriers, reach_pycoll_groups
 from pycoll.torch.options import Options, Residuals
@@ -79,6 +81,9 @@ from pycoll.torch.tensors import (
 BACKEND_NAME = "pycoll"
 Tensors = list[torch.Tensor]
 T = TypeVar("T")
+
+# Collectives called through torch.distributed are recorded at the user's line, outside torch's frames.
+internal_paths([os.path.dirname(os.path.abspath(torch.__file__)) + os.sep])
 
 
 def _seconds(opts: Any) -> float | None:

@@ -1,0 +1,87 @@
+"""The flight recorder's Python side: switched on once per process, told of each communicator, read.
+
+The records themselves are kept natively (csrc/engine/flight_recorder.h) by the code that runs the
+collectives, with the call site the binding takes from the caller's frames (csrc/python/call_site.h): the
+innermost frame outside pycoll's own files, and torch's once the torch layer is imported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from pycoll import _C
+from pycoll.env import Settings
+
+_lock = threading.Lock()
+_started = False
+#: Where live processes note their control address for ``pycoll trace dump`` (one file per process).
+LIVE_DIR = "live"
+
+
+def trace_dir(settings: Settings) -> Path:
+    """Where records are written: PYCOLL_TRACE_DIR, else <tmp>/pycoll-trace."""
+    return Path(settings.trace_dir or os.path.join(tempfile.gettempdir(), "pycoll-trace"))
+
+
+def start(settings: Settings) -> None:
+    """Switches the recorder on for this process (PYCOLL_TRACE, PYCOLL_TRACE_ENTRIES; the first
+    communicator's settings hold), and lets probes read its stacks."""
+    global _started
+    with _lock:
+        if _started:
+            return
+        _started = True
+    _C.trace_configure(settings.trace_entries if settings.trace else 0)
+    # pycoll's files, and the standard library's thread machinery: a collective run on a worker thread
+    # whose caller is not known has no call site, rather than concurrent.futures' line.
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    internal_paths([package, threading.__file__, os.path.dirname(concurrent.futures.__file__) + os.sep])
+    main = threading.main_thread()
+    _C.trace_start_stacks(main.native_id or 0, main.ident or 0)
+    atexit.register(_C.trace_stop_stacks)
+
+
+def internal_paths(prefixes: list[str]) -> None:
+    """Frames of files under these directories are not call sites (pycoll's own; the torch layer adds
+    torch's)."""
+    _C.trace_internal_paths(prefixes)
+
+
+def register(native: Any, name: str, rank: int, world: int, epoch: int, members: list[str]) -> None:
+    """Names a new communicator in the recorder: its records carry this id, its probes this info and its
+    members' control addresses (``pycoll trace dump`` reaches every member through them)."""
+    info = {"name": name, "rank": rank, "world": world, "epoch": epoch}
+    native.trace_comm = _C.trace_comm_id(json.dumps(info), json.dumps(members))
+
+
+def note_live(settings: Settings, address: str) -> None:
+    """Notes this process's control address where ``pycoll trace dump`` looks for the job's processes on
+    this host (removed at exit; one left by a killed process is skipped and removed by the command)."""
+    live = trace_dir(settings) / LIVE_DIR
+    path = live / f"{os.getpid()}.json"
+    try:
+        live.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"pid": os.getpid(), "address": address}))
+    except OSError:
+        return  # a read-only or full temporary directory: the command can still be given the address
+    atexit.register(_forget, path)
+
+
+def _forget(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def local_report(records: int = 0) -> dict[str, Any]:
+    """This process's report, as a probe of it gets it without stacks: its communicators and its last
+    ``records`` records (0: none; all: ``_C.trace_report`` with the ring's capacity)."""
+    return dict(json.loads(_C.trace_report(records, 0)))
