@@ -42,7 +42,7 @@ const char* state_name(State s) {
 
 int64_t now_ns() {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
@@ -54,8 +54,11 @@ FlightRecorder& FlightRecorder::get() {
 void FlightRecorder::configure(size_t capacity) {
   std::lock_guard<std::mutex> lock(names_mu_);
   if (capacity > 0 && !slots_) {
-    slots_.reset(new Slot[capacity]);
-    capacity_ = capacity;
+    size_t n = 1;
+    while (n < capacity) n *= 2;  // a record's slot is its ticket & mask_: no division per record
+    slots_.reset(new Slot[n]);
+    capacity_ = n;
+    mask_ = n - 1;
   }
   on_.store(capacity > 0 && capacity_ > 0, std::memory_order_release);
 }
@@ -64,7 +67,7 @@ uint64_t FlightRecorder::begin(int comm, const Descriptor& desc, int site, uint6
   if (!on()) return 0;
   const uint64_t ticket = next_.fetch_add(1, std::memory_order_relaxed);
   const int64_t now = now_ns();
-  Slot& s = slots_[ticket % capacity_];
+  Slot& s = slots_[ticket & mask_];
   Held held(s);
   s.r.ticket = ticket;
   s.r.comm = comm;
@@ -82,7 +85,7 @@ uint64_t FlightRecorder::begin(int comm, const Descriptor& desc, int site, uint6
 bool FlightRecorder::start(uint64_t ticket, uint64_t seq) {
   if (ticket == 0 || capacity_ == 0) return false;
   const int64_t now = now_ns();
-  Slot& s = slots_[ticket % capacity_];
+  Slot& s = slots_[ticket & mask_];
   Held held(s);
   if (s.r.ticket != ticket) return false;
   s.r.seq = seq;
@@ -94,7 +97,7 @@ bool FlightRecorder::start(uint64_t ticket, uint64_t seq) {
 void FlightRecorder::end(uint64_t ticket, bool ok) {
   if (ticket == 0 || capacity_ == 0) return;
   const int64_t now = now_ns();
-  Slot& s = slots_[ticket % capacity_];
+  Slot& s = slots_[ticket & mask_];
   Held held(s);
   if (s.r.ticket != ticket) return;
   s.r.state = ok ? State::kCompleted : State::kFailed;
@@ -109,7 +112,7 @@ std::vector<Record> FlightRecorder::snapshot(size_t last) const {
   if (last > 0) n = std::min(n, last);
   out.reserve(n);
   for (uint64_t t = next - n; t < next; ++t) {
-    Slot& s = slots_[t % capacity_];
+    Slot& s = slots_[t & mask_];
     Held held(s);
     if (s.r.ticket == t) out.push_back(s.r);
   }

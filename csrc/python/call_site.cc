@@ -3,7 +3,18 @@
 #include <Python.h>
 #include <frameobject.h>
 
+// CPython 3.11 and 3.12: the calling thread's interpreter frames are read where they are, without making a
+// frame object for each (the public PyEval_GetFrame / PyFrame_GetBack make one per frame, which cost
+// about 0.5 us per collective); other versions take the public way.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#define PYCOLL_INTERPRETER_FRAMES 1
+#endif
+
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -43,7 +54,37 @@ std::string utf8(PyObject* s) {
   return p;
 }
 
+// In front of the tables: the last answers, by a hash of their key (a collective's call walks the same two
+// or three frames every time: one probe of an array each, not a hash table's).
+constexpr size_t kFront = 64;
+struct FrontInternal {
+  PyCodeObject* code = nullptr;
+  bool internal = false;
+};
+struct FrontSite {
+  PyCodeObject* code = nullptr;
+  int lasti = -1, id = -1;
+};
+FrontInternal g_front_internal[kFront];
+FrontSite g_front_site[kFront];
+
+size_t front_slot(const void* p, int salt = 0) {
+  return ((reinterpret_cast<uintptr_t>(p) >> 4) ^ static_cast<uintptr_t>(salt)) % kFront;
+}
+
+bool internal_slow(PyCodeObject* code);
+
+// Only what the tables hold goes in front: a code object they hold a reference to stays alive, so its
+// address is never another's.
 bool is_internal(PyCodeObject* code) {
+  FrontInternal& f = g_front_internal[front_slot(code)];
+  if (f.code == code) return f.internal;
+  const bool internal = internal_slow(code);
+  if (g_code_internal.count(code)) f = FrontInternal{code, internal};
+  return internal;
+}
+
+bool internal_slow(PyCodeObject* code) {
   auto it = g_code_internal.find(code);
   if (it != g_code_internal.end()) return it->second;
   const std::string file = utf8(code->co_filename);
@@ -56,7 +97,17 @@ bool is_internal(PyCodeObject* code) {
   return internal;
 }
 
+int site_slow(PyCodeObject* code, int lasti);
+
 int site_of(PyCodeObject* code, int lasti) {
+  FrontSite& f = g_front_site[front_slot(code, lasti)];
+  if (f.code == code && f.lasti == lasti) return f.id;
+  const int id = site_slow(code, lasti);
+  if (g_sites.count(SiteKey{code, lasti})) f = FrontSite{code, lasti, id};
+  return id;
+}
+
+int site_slow(PyCodeObject* code, int lasti) {
   const SiteKey key{code, lasti};
   auto it = g_sites.find(key);
   if (it != g_sites.end()) return it->second;
@@ -76,10 +127,24 @@ void add_internal_paths(const std::vector<std::string>& prefixes) {
   for (const std::string& p : prefixes) g_internal.push_back(p);
   for (auto& [code, internal] : g_code_internal) Py_DECREF(code);
   g_code_internal.clear();  // decided again against the new list
+  for (FrontInternal& f : g_front_internal) f = FrontInternal{};
 }
 
 int call_site() {
   if (!trace::FlightRecorder::get().on()) return -1;
+#ifdef PYCOLL_INTERPRETER_FRAMES
+  int depth = 0;
+  for (_PyInterpreterFrame* f = PyThreadState_Get()->cframe->current_frame; f && depth < 64; f = f->previous) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (f->owner == FRAME_OWNED_BY_CSTACK) continue;  // the interpreter's own entry frames
+#endif
+    if (_PyFrame_IsIncomplete(f)) continue;
+    ++depth;
+    if (!is_internal(f->f_code))
+      return site_of(f->f_code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
+  }
+  return -1;
+#else
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
   Py_XINCREF(f);
   int id = -1;
@@ -95,6 +160,7 @@ int call_site() {
   }
   Py_XDECREF(f);
   return id;
+#endif
 }
 
 }  // namespace pycoll::python
