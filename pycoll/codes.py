@@ -33,8 +33,9 @@ __all__ = [
 
 #: Collectives in the engine's order (``_C.COLLECTIVE_NAMES``).
 COLLECTIVE_NAMES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "all_to_all")
-#: Plan algorithms in the engine's order (``_C.ALGORITHM_NAMES``).
-ALGORITHM_NAMES = ("ring", "tree", "direct", "dissemination", "hierarchical")
+#: Plan algorithms in the engine's order, then NCCL's own collectives (``_C.ALGORITHM_NAMES``; "nccl" is
+#: carried only by the flight records of GPU collectives NCCL runs).
+ALGORITHM_NAMES = ("ring", "tree", "direct", "dissemination", "hierarchical", "nccl")
 COLLECTIVE_CODES = {name: i for i, name in enumerate(COLLECTIVE_NAMES)}
 ALGORITHM_CODES = {name: i for i, name in enumerate(ALGORITHM_NAMES)}
 

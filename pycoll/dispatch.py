@@ -118,19 +118,22 @@ class _HostExecutor:
             return call.result
 
         # Its flight record is made now, with the caller's call site and the time it was enqueued.
-        ticket = _C.trace_enqueue(self.ctx.native(), self.args(call))
+        args = self.args(call)
+        ticket = _C.trace_enqueue(self.ctx.native(), args)
 
         def body() -> Any:
-            self.run(call, ticket)
+            self.run(call, args, ticket)
             return call.result
 
         return Work(self.worker.submit(body, True), call.describe())
 
-    def run(self, call: Call, ticket: int = 0) -> None:
+    def run(self, call: Call, args: Any = None, ticket: int = 0) -> None:
         """Runs ``call`` on this thread (the GIL released while it runs); straggler notices it completed
-        are delivered before it returns. ``ticket``: its flight record, made when it was enqueued."""
+        are delivered before it returns. ``args``: its native arguments, when already made; ``ticket``: its
+        flight record, made when it was enqueued."""
         native = self.ctx.native()
-        args = self.args(call)
+        if args is None:
+            args = self.args(call)
         try:
             events = native.run(args, call.inp.ptr, call.out.ptr, ticket)
         except BaseException as e:

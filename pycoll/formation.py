@@ -354,12 +354,10 @@ def _name_for_records(native: Any, group: Group, plane: Plane | None, settings: 
     """Names the communicator in the flight recorder (pycoll/flight/): by its plane's id, the same on every
     rank, with its members' control addresses; notes this process's address for ``pycoll trace dump``."""
     flight.start(settings)
-    if plane is None:
-        flight.register(native, f"local-{os.getpid()}", group.rank, group.world_size, group.epoch, [])
-        return
-    members = [str(m["address"]) for m in plane.members]
-    flight.register(native, plane.id, group.rank, group.world_size, group.epoch, members)
-    flight.note_live(settings, plane.listener.address)
+    members = [] if plane is None else [str(m["address"]) for m in plane.members]
+    flight.register(native, flight.comm_name(plane), group.rank, group.world_size, group.epoch, members)
+    if plane is not None:
+        flight.note_live(settings, plane.listener.address)
 
 
 def _refuse_shm_across_hosts(

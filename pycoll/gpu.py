@@ -34,6 +34,7 @@ from pycoll.bootstrap import PrefixStore
 from pycoll.call import Call, codec_parts, exact_part
 from pycoll.codes import ALGORITHM_CODES, COLLECTIVE_CODES, KIND_CODES, ROUNDING_CODES
 from pycoll.errors import CollectiveTimeoutError, InvalidUsageError, PycollError
+from pycoll.flight import recorder as flight
 from pycoll.tuning.links import GPU_SEGMENT_BYTES
 from pycoll.work import Work
 
@@ -70,10 +71,12 @@ class Enqueued:
     ended it when the communicator failed before it finished. Once NCCL is aborted its kernels return
     and the event completes, so the event alone cannot tell a finished collective from an aborted one."""
 
-    __slots__ = ("event", "deadline", "description", "error")
+    __slots__ = ("event", "deadline", "description", "error", "ticket")
 
-    def __init__(self, event: Any, deadline: float, description: str) -> None:
+    def __init__(self, event: Any, deadline: float, description: str, ticket: int = 0) -> None:
         self.event = event
+        #: Its flight record (pycoll/flight/; 0: none), ended when the watchdog sees it finish or fail.
+        self.ticket = ticket
         self.deadline = deadline
         self.description = description
         self.error: BaseException | None = None
@@ -197,6 +200,11 @@ class GpuSide:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failure: BaseException | None = None  # the first error fail() was given
+        #: The flight recorder's communicator of the collectives NCCL runs (numbered on their own: they take
+        #: no number of the CPU transport's), and their count.
+        self._trace_comm = flight.comm_id(f"{flight.comm_name(ctx.plane)}/nccl", ctx.rank, ctx.world_size,
+                                          ctx.group.epoch, [])  # fmt: skip
+        self._traced = 0
 
     # ---- set-up ------------------------------------------------------------------------------------
     def check_device(self, buf: Buffer, name: str) -> None:
@@ -257,28 +265,41 @@ class GpuSide:
         return self._native
 
     # ---- running -----------------------------------------------------------------------------------
-    def enqueue(self, call: Call, run: Callable[[Call, int], None]) -> Enqueued:
+    def enqueue(self, call: Call, run: Callable[[Call, int], None], record: bool = True) -> Enqueued:
         """Enqueues ``call`` on its input's stream by ``run(call, stream)`` with the communicator's device
-        current; returns it (the event recorded after it, its deadline), followed by the watchdog."""
+        current; returns it (the event recorded after it, its deadline), followed by the watchdog.
+        ``record``: make its flight record here (the host-staged executor's is made natively)."""
         self.check_device(call.inp, "x")
         if call.out is not call.inp:
             self.check_device(call.out, "out")
         if call.residual is not None:
             self.check_device(call.residual, "residual")
         stream = call.inp.stream
+        ticket = self._trace_begin(call) if record else 0
         restore = self._use_device()
         try:
             run(call, stream)
             event = _C.gpu.Event()
             event.record(stream)
+        except BaseException:
+            _C.trace_end(ticket, False)
+            raise
         finally:
             if restore is not None:
                 restore()
         timeout = self.ctx.timeout if call.timeout is None else call.timeout
         what = f"{call.collective}({call.count} x {call.inp.dtype}, {call.algorithm}) on cuda:{self.device}"
-        enqueued = Enqueued(event, time.monotonic() + timeout, what)
+        enqueued = Enqueued(event, time.monotonic() + timeout, what, ticket)
         self._watch(enqueued)
         return enqueued
+
+    def _trace_begin(self, call: Call) -> int:
+        """The flight record of ``call``, enqueued now (its call site the caller's)."""
+        self._traced += 1
+        codec = 0 if call.codec is None else call.codec.wire_id
+        return int(_C.trace_begin(self._trace_comm, COLLECTIVE_CODES[call.collective],
+                                  ALGORITHM_CODES[call.algorithm], call.inp.code, call.op, call.agreed_count,
+                                  call.root, codec, self._traced))  # fmt: skip
 
     # ---- watchdog ----------------------------------------------------------------------------------
     def _watch(self, enqueued: Enqueued) -> None:
@@ -311,6 +332,7 @@ class GpuSide:
                     with self._cond:
                         if self._outstanding and self._outstanding[0] is head:
                             self._outstanding.popleft()
+                    _C.trace_end(head.ticket, True)
                     continue
                 nccl = self._nccl
                 if nccl is not None:
@@ -344,6 +366,7 @@ class GpuSide:
         for enqueued in pending:
             if enqueued.error is None and (aborted or not _finished(enqueued.event)):
                 enqueued.error = error
+            _C.trace_end(enqueued.ticket, enqueued.error is None)
         if nccl is not None and not aborted:  # first, so that whoever is told it is over
             try:
                 nccl.abort()
@@ -424,6 +447,8 @@ class _GpuExecutor:
     does not wait), in call order from any thread; an error while enqueuing breaks the communicator."""
 
     name = ""
+    #: Whether GpuSide.enqueue makes the flight record (the host-staged one's is made natively).
+    records = True
 
     def __init__(self, ctx: Context, plans: PlanCache, side: Callable[[], GpuSide]) -> None:
         self.ctx = ctx
@@ -438,7 +463,7 @@ class _GpuExecutor:
             side = self._side()
             try:
                 self.check(call)
-                enqueued = side.enqueue(call, lambda c, stream: self.enqueue(side, c, stream))
+                enqueued = side.enqueue(call, lambda c, stream: self.enqueue(side, c, stream), self.records)
             except PycollError as e:
                 if not isinstance(e, InvalidUsageError):
                     ctx.broken = e
@@ -486,6 +511,7 @@ class HostStagedExecutor(_GpuExecutor):
     CPU transport (copied to and from the device around each group, the kernels still on the GPU)."""
 
     name = "host-staged"
+    records = False
 
     def check(self, call: Call) -> None:
         if call.algorithm == "nccl":

@@ -14,14 +14,15 @@ namespace pycoll {
 // Codes shared with Python through the _C module (COLLECTIVES / ALGORITHMS); append, never reorder.
 inline const char* const kCollectiveNames[] = {"allreduce", "reduce_scatter", "all_gather",
                                                "broadcast", "barrier",        "all_to_all"};
-inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination", "hierarchical"};
+// The algorithms a descriptor names: the plans' and, last, NCCL's own collectives (only GPU flight records carry it).
+inline const char* const kAlgorithmNames[] = {"ring", "tree", "direct", "dissemination", "hierarchical", "nccl"};
 constexpr int kNumCollectives = 6;
 // Whether no rank can leave collective `collective` before every rank entered it (all but broadcast):
 // what the skew recorder's clock estimate relies on (engine/skew.h).
 inline bool synchronizes_all(int collective) {
   return collective != 3;
 }
-constexpr int kNumAlgorithms = 5;
+constexpr int kNumAlgorithms = 6;
 
 struct Descriptor {
   int32_t collective = 0;

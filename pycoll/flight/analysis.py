@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-#: Frames of files under these path parts are pycoll's, not the user's (skipped in a stack's summary).
+#: Frames of files under these path parts are pycoll's, torch's or the thread machinery's, not the user's
+#: (skipped in a stack's summary). By path part, not by the recorder's registered directories
+#: (recorder.internal_paths): a report may come from another host, where the packages live elsewhere.
 _INTERNAL = (os.sep + "pycoll" + os.sep, os.sep + "torch" + os.sep, os.sep + "threading.py")
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')

@@ -19,15 +19,13 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from pycoll.env import Settings
 from pycoll.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerLostError, PycollError
 from pycoll.flight import analysis
 from pycoll.flight.probe import probe_many
-from pycoll.flight.recorder import local_report, trace_dir
-
-if TYPE_CHECKING:
-    from pycoll.context import Context
+from pycoll.flight.recorder import comm_name, local_report, trace_dir
 
 log = logging.getLogger("pycoll")
 
@@ -40,6 +38,21 @@ PROBE_TIMEOUT_S = 2.0
 #: Records of each rank kept in the dump (all of its own rank's).
 PROBE_RECORDS = 256
 EXPLAINED = (CollectiveTimeoutError, PeerLostError, CollectiveMismatchError)
+
+
+class Context(Protocol):
+    """What a failed communicator's context (pycoll/context.py) gives the explanation."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def settings(self) -> Settings: ...
+
+    plane: Any
+
+    def native_or_none(self) -> Any: ...
 
 
 def explain(ctx: Context, error: PycollError) -> None:
@@ -60,14 +73,8 @@ def explain(ctx: Context, error: PycollError) -> None:
     setattr(error, "_pycoll_explained", True)  # noqa: B010 - a mark on the error, not a declared field
 
 
-def comm_name(ctx: Context) -> str:
-    """The communicator's name in the records: its fault plane's id and epoch, the same on every rank."""
-    plane = ctx.plane
-    return plane.id if plane is not None else f"local-{os.getpid()}"
-
-
 def _paragraph(ctx: Context, error: PycollError, native: Any) -> str:
-    name, rank, seq = comm_name(ctx), ctx.rank, int(native.seq)
+    name, rank, seq = comm_name(ctx.plane), ctx.rank, int(native.seq)
     own = local_report(PROBE_RECORDS * 8)
     _, _, mine_all = analysis.records_of(own, name)
     mine = next((r for r in reversed(mine_all) if int(r.get("seq", 0)) == seq), None)
@@ -86,8 +93,7 @@ def _paragraph(ctx: Context, error: PycollError, native: Any) -> str:
         if world > PROBE_ALL:
             asked = [r for r in asked if r in suspects]
         addresses = {r: str(plane.members[r]["address"]) for r in asked}
-        stacks = {r for r in sorted(suspects) if r in addresses}
-        stacks = set(sorted(stacks)[:MAX_STACKS])
+        stacks = set(sorted(r for r in suspects if r in addresses)[:MAX_STACKS])
         reports = probe_many(addresses, records=PROBE_RECORDS, stacks=stacks, secret=ctx.settings.secret,
                              timeout=PROBE_TIMEOUT_S)  # fmt: skip
     positions = [analysis.Position(r, "gone", why) for r, why in sorted(gone.items())]

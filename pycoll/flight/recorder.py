@@ -21,6 +21,7 @@ from pycoll.env import Settings
 
 _lock = threading.Lock()
 _started = False
+_noted = False
 #: Where live processes note their control address for ``pycoll trace dump`` (one file per process).
 LIVE_DIR = "live"
 
@@ -54,16 +55,32 @@ def internal_paths(prefixes: list[str]) -> None:
     _C.trace_internal_paths(prefixes)
 
 
-def register(native: Any, name: str, rank: int, world: int, epoch: int, members: list[str]) -> None:
-    """Names a new communicator in the recorder: its records carry this id, its probes this info and its
-    members' control addresses (``pycoll trace dump`` reaches every member through them)."""
+def comm_name(plane: Any) -> str:
+    """A communicator's name in the records: its fault plane's id and epoch, the same on every rank; without a
+    plane, one of this process's own."""
+    return str(plane.id) if plane is not None else f"local-{os.getpid()}"
+
+
+def comm_id(name: str, rank: int, world: int, epoch: int, members: list[str]) -> int:
+    """A new communicator's id in the recorder: its records carry it, its probes this info and its members'
+    control addresses (``pycoll trace dump`` reaches every member through them)."""
     info = {"name": name, "rank": rank, "world": world, "epoch": epoch}
-    native.trace_comm = _C.trace_comm_id(json.dumps(info), json.dumps(members))
+    return _C.trace_comm_id(json.dumps(info), json.dumps(members))
+
+
+def register(native: Any, name: str, rank: int, world: int, epoch: int, members: list[str]) -> None:
+    """Names a new communicator's native side in the recorder (``comm_id``)."""
+    native.trace_comm = comm_id(name, rank, world, epoch, members)
 
 
 def note_live(settings: Settings, address: str) -> None:
     """Notes this process's control address where ``pycoll trace dump`` looks for the job's processes on
     this host (removed at exit; one left by a killed process is skipped and removed by the command)."""
+    global _noted
+    with _lock:
+        if _noted:  # one control listener per process: its address is noted once
+            return
+        _noted = True
     live = trace_dir(settings) / LIVE_DIR
     path = live / f"{os.getpid()}.json"
     try:
@@ -83,5 +100,5 @@ def _forget(path: Path) -> None:
 
 def local_report(records: int = 0) -> dict[str, Any]:
     """This process's report, as a probe of it gets it without stacks: its communicators and its last
-    ``records`` records (0: none; all: ``_C.trace_report`` with the ring's capacity)."""
+    ``records`` records (0: none)."""
     return dict(json.loads(_C.trace_report(records, 0)))

@@ -112,6 +112,14 @@ def test_probe_with_a_wrong_secret_gets_nothing():
     assert probe.probe(address, records=1, secret=b"the job's secret", timeout=5)["pid"] == os.getpid()
 
 
+def _last_line(code: str, **env: str) -> str:
+    """The last line ``code`` prints in a process of its own with ``env`` added to the environment."""
+    argv = [sys.executable, "-c", code]
+    out = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_ring_keeps_the_last_entries():
     code = (
         "import numpy as np, pycoll\n"
@@ -121,10 +129,7 @@ def test_ring_keeps_the_last_entries():
         "_, _, recs = analysis.records_of(recorder.local_report(100), c.plane.id)\n"
         "print([r['seq'] for r in recs])\n"
     )
-    env = {**os.environ, "PYCOLL_TRACE_ENTRIES": "8"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    seqs = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own output
+    seqs = json.loads(_last_line(code, PYCOLL_TRACE_ENTRIES="8"))
     assert len(seqs) == 8 and seqs == list(range(seqs[0], seqs[0] + 8)) and seqs[-1] >= 20
 
 
@@ -134,10 +139,7 @@ def test_recorder_off_records_nothing():
         "c = pycoll.init(rank=0, world_size=1, timeout=30)\npycoll.allreduce(np.ones(4, np.float32))\n"
         "print(len(recorder.local_report(100)['records']))\n"
     )
-    env = {**os.environ, "PYCOLL_TRACE": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "0"
+    assert _last_line(code, PYCOLL_TRACE="0") == "0"
 
 
 # ---- the analysis, on made-up reports ----------------------------------------------------------------

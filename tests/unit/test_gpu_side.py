@@ -84,7 +84,8 @@ def fakes(monkeypatch):
     )
     gpu = types.SimpleNamespace(Event=FakeEvent, Call=_C.gpu.Call, GpuCommunicator=FakeGpuCommunicator)
     # _C.Call holds a real GPU communicator only: the fake one travels in a plain namespace.
-    fake_c = types.SimpleNamespace(cuda=cuda, gpu=gpu, Call=types.SimpleNamespace)
+    fake_c = types.SimpleNamespace(cuda=cuda, gpu=gpu, Call=types.SimpleNamespace, trace_begin=_C.trace_begin,
+                                   trace_end=_C.trace_end)  # fmt: skip
     monkeypatch.setattr(gpu_module, "_C", fake_c)
     import pycoll.nccl
 
@@ -123,6 +124,28 @@ def test_plans_run_as_grouped_programs_with_the_codec_layout(fakes, comm):
     assert fakes.calls == []  # NCCL's own collectives were not used
 
 
+def _nccl_records(comm):
+    from pycoll.flight.analysis import records_of
+    from pycoll.flight.recorder import local_report
+
+    return records_of(local_report(64), f"{comm.plane.id}/nccl")[2]
+
+
+def test_nccl_collectives_are_flight_recorded_until_the_watchdog_sees_them_end(fakes, comm):
+    FakeEvent.done = False
+    work = pycoll.allreduce(DeviceArray(10), comm=comm, async_op=True)
+    rec = _nccl_records(comm)[-1]
+    assert (rec["collective"], rec["algorithm"], rec["count"], rec["gpu"]) == ("allreduce", "nccl", 10, True)
+    assert rec["state"] == "started" and rec["site"].endswith("in test_nccl_collectives_are_flight_recorded_"
+                                                              "until_the_watchdog_sees_them_end")  # fmt: skip
+    work._event.answer = True
+    work.wait()
+    deadline = time.monotonic() + 5
+    while _nccl_records(comm)[-1]["state"] != "completed" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _nccl_records(comm)[-1]["state"] == "completed" and _nccl_records(comm)[-1]["seq"] == rec["seq"]
+
+
 def test_async_work_waits_for_the_event_and_times_out_without_breaking(fakes, comm):
     FakeEvent.done = False
     work = pycoll.allreduce(DeviceArray(10), algorithm="direct", comm=comm, async_op=True)
@@ -141,6 +164,7 @@ def test_watchdog_aborts_nccl_and_breaks_the_communicator_past_the_deadline(fake
     while comm.broken is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert isinstance(comm.broken, CollectiveTimeoutError) and fakes.aborted
+    assert _nccl_records(comm)[-1]["state"] == "failed"
     with pytest.raises(CommunicatorBrokenError, match="did not finish within its deadline"):
         pycoll.allreduce(DeviceArray(10), comm=comm)
 
