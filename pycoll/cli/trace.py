@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -82,18 +81,9 @@ def _seeds(targets: list[str], live: Path) -> list[str]:
             else:
                 out.append(t)
         return out
-    found = []
-    for note in sorted(live.glob("*.json")):
-        try:
-            data = json.loads(note.read_text())
-            os.kill(int(data["pid"]), 0)
-        except ProcessLookupError:
-            note.unlink(missing_ok=True)
-            continue
-        except (OSError, ValueError, KeyError):
-            continue
-        found.append(str(data["address"]))
-    return found
+    from pycoll.flight.recorder import live_notes
+
+    return [str(note["address"]) for note in live_notes(live)]
 
 
 def _dump(args: argparse.Namespace) -> int:

@@ -85,10 +85,28 @@ def note_live(settings: Settings, address: str) -> None:
     path = live / f"{os.getpid()}.json"
     try:
         live.mkdir(parents=True, exist_ok=True)
+        live_notes(live)  # prunes the notes of processes that were killed (no exit handler ran)
         path.write_text(json.dumps({"pid": os.getpid(), "address": address}))
     except OSError:
         return  # a read-only or full temporary directory: the command can still be given the address
     atexit.register(_forget, path)
+
+
+def live_notes(live: Path) -> list[dict[str, Any]]:
+    """The notes in ``live`` of processes still running ({"pid", "address"}); those of processes that are
+    gone are removed."""
+    found = []
+    for note in sorted(live.glob("*.json")):
+        try:
+            data = json.loads(note.read_text())
+            os.kill(int(data["pid"]), 0)
+        except ProcessLookupError:
+            _forget(note)
+            continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.append(data)
+    return found
 
 
 def _forget(path: Path) -> None:
