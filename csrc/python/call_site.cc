@@ -111,8 +111,14 @@ int site_slow(PyCodeObject* code, int lasti) {
   const SiteKey key{code, lasti};
   auto it = g_sites.find(key);
   if (it != g_sites.end()) return it->second;
-  const int line = PyCode_Addr2Line(code, lasti);
-  const std::string text = utf8(code->co_filename) + ":" + std::to_string(line) + " in " + utf8(code->co_qualname);
+  // `lasti`: the byte offset of the frame's instruction, or before 3.11 its line as -1 - line.
+  const int line = lasti >= 0 ? PyCode_Addr2Line(code, lasti) : -1 - lasti;
+#if PY_VERSION_HEX >= 0x030B0000
+  PyObject* name = code->co_qualname;
+#else
+  PyObject* name = code->co_name;
+#endif
+  const std::string text = utf8(code->co_filename) + ":" + std::to_string(line) + " in " + utf8(name);
   const int id = trace::FlightRecorder::get().site_id(text);
   if (g_sites.size() < kMaxCached) {
     Py_INCREF(code);
@@ -151,7 +157,11 @@ int call_site() {
   for (int depth = 0; f && depth < 64; ++depth) {
     PyCodeObject* code = PyFrame_GetCode(f);  // new reference
     const bool internal = is_internal(code);
+#if PY_VERSION_HEX >= 0x030B0000
     if (!internal) id = site_of(code, PyFrame_GetLasti(f));
+#else
+    if (!internal) id = site_of(code, -1 - PyFrame_GetLineNumber(f));  // before 3.11: the line itself
+#endif
     Py_DECREF(code);
     if (!internal) break;
     PyFrameObject* back = PyFrame_GetBack(f);  // new reference
