@@ -183,7 +183,12 @@ class Context:
                 ):
                     error = self.plane_error(prefer=lost)
                     explain(self, error)
-                    raise error from e
+                    try:
+                        raise error from e
+                    finally:
+                        # Its traceback holds this frame: a local naming it would make a cycle that keeps
+                        # the failed call's frames (and so its native transport) until the next collection.
+                        del error
             explain(self, e)
             raise e
         # KeyboardInterrupt mid-collective: the peers were told, this is over
