@@ -378,8 +378,8 @@ class TCPStoreServer:
         reply, which tells the client why, has been sent)."""
         if conn.closed or conn.closing:
             return
-        self._rejected += 1
         self._warn_dropped(conn, reason)
+        self._rejected += 1  # after the warning: whoever waits for the count finds the warning logged
         if after_reply and conn.outbuf:
             conn.closing = True  # _flush drops it; the handshake deadline still applies if it never reads
             return
