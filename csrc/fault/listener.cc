@@ -161,28 +161,42 @@ void ControlListener::finish(Pending& p) {
 }
 
 void ControlListener::answer_probe(UniqueFd fd, const ProbeRequest& request) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (probes_ >= kMaxProbes) return;
-    ++probes_;
-  }
-  std::thread([this, raw = fd.release(), request] {
-    UniqueFd own(raw);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (probe_queue_.size() >= kMaxQueuedProbes) return;  // closed unanswered
+  probe_queue_.emplace_back(std::move(fd), request);
+  if (probes_ >= kMaxProbes) return;  // a running probe thread takes it next
+  ++probes_;
+  std::thread([this] { serve_probes(); }).detach();
+}
+
+// A probe thread: answers queued probes until none is left (or the listener stops), one at a time.
+void ControlListener::serve_probes() {
+  for (;;) {
+    std::pair<UniqueFd, ProbeRequest> next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (probe_queue_.empty() || stop_) {
+        probe_queue_.clear();
+        --probes_;
+        cv_.notify_all();
+        return;
+      }
+      next = std::move(probe_queue_.front());
+      probe_queue_.pop_front();
+    }
+    const int fd = next.first.get();
     // Blocking, with a deadline: the report is written in one go, whatever its size.
-    const int fl = ::fcntl(own.get(), F_GETFL);
-    if (fl >= 0) ::fcntl(own.get(), F_SETFL, fl & ~O_NONBLOCK);
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     struct timeval tv{5, 0};
-    ::setsockopt(own.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    const std::string out = frame(probe_report(request));
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    const std::string out = frame(probe_report(next.second));
     for (size_t off = 0; off < out.size();) {
-      const ssize_t k = ::send(own.get(), out.data() + off, out.size() - off, MSG_NOSIGNAL);
+      const ssize_t k = ::send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
       if (k <= 0 && errno != EINTR) break;
       if (k > 0) off += static_cast<size_t>(k);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    --probes_;
-    cv_.notify_all();
-  }).detach();
+  }
 }
 
 void ControlListener::expire(Clock::time_point now) {

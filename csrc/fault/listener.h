@@ -92,8 +92,10 @@ class ControlListener {
   bool advance(Pending& p);
   void finish(Pending& p);
   void expire(Clock::time_point now);
-  // Answers a probe on a thread of its own (at most kMaxProbes at once; one more is closed unanswered).
+  // Queues a probe for the probe threads (at most kMaxProbes, started as needed; every rank of a failed
+  // collective may probe this one at once); past kMaxQueuedProbes waiting, it is closed unanswered.
   void answer_probe(UniqueFd fd, const ProbeRequest& request);
+  void serve_probes();
 
   std::string secret_;
   UniqueFd listen_fd_, wake_fd_;
@@ -107,6 +109,7 @@ class ControlListener {
   std::map<Key, Parked> parked_;
   uint64_t generation_ = 0;
   std::deque<Join> joins_;
+  std::deque<std::pair<UniqueFd, ProbeRequest>> probe_queue_;
   int probes_ = 0;  // probe threads running (the destructor waits for them)
 };
 

@@ -28,8 +28,9 @@
 namespace pycoll::fault {
 
 constexpr unsigned kWithStacks = 1, kWithMembers = 2;
-// Probes answered at once; one past this is closed unanswered.
+// Probes answered at once (threads), and probes waiting for one; one past those is closed unanswered.
 constexpr int kMaxProbes = 8;
+constexpr size_t kMaxQueuedProbes = 4096;
 
 struct ProbeRequest {
   size_t records = 0;

@@ -152,6 +152,20 @@ def position(rank: int, report: dict[str, Any] | str | None, name: str, mine: di
                     f"{state} {ago(int(last.get('ended', now)), now)}{where}", site)  # fmt: skip
 
 
+def spans(ranks: list[int]) -> str:
+    """Ranks as runs: [0, 1, 2, 3, 5, 7, 8] -> "0-3, 5, 7, 8" (a run of three or more as a range)."""
+    out: list[str] = []
+    ranks = sorted(ranks)
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.extend([f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else map(str, ranks[i : j + 1]))
+        i = j + 1
+    return ", ".join(out)
+
+
 _PLURAL = {"is": "are", "waits": "wait", "has": "have"}
 
 
@@ -185,7 +199,7 @@ def summary(positions: Iterable[Position], mine_rank: int, mine: dict[str, Any])
             if len(ranks) == 1:
                 out.append(f"rank {ranks[0]} {text}.")
             else:
-                out.append(f"ranks {', '.join(map(str, ranks))} {_plural(text)}.")
+                out.append(f"ranks {spans(ranks)} {_plural(text)}.")
     return " ".join(out)
 
 

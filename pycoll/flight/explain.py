@@ -35,8 +35,11 @@ PROBE_ALL = 64
 MAX_STACKS = 8
 #: How long the probes may take (the time from the deadline to the error grows by at most this).
 PROBE_TIMEOUT_S = 2.0
-#: Records of each rank kept in the dump (all of its own rank's).
-PROBE_RECORDS = 256
+#: Records asked of each rank (kept in the dump, beside all of this rank's own): a few collectives around
+#: the failed one, small enough that every rank of a large job asking every other stays cheap.
+PROBE_RECORDS = 32
+#: This rank's own records in its dump: all its ring holds.
+OWN_RECORDS = 1 << 20
 EXPLAINED = (CollectiveTimeoutError, PeerLostError, CollectiveMismatchError)
 
 
@@ -75,7 +78,7 @@ def explain(ctx: Context, error: PycollError) -> None:
 
 def _paragraph(ctx: Context, error: PycollError, native: Any) -> str:
     name, rank, seq = comm_name(ctx.plane), ctx.rank, int(native.seq)
-    own = local_report(PROBE_RECORDS * 8)
+    own = local_report(OWN_RECORDS)
     _, _, mine_all = analysis.records_of(own, name)
     mine = next((r for r in reversed(mine_all) if int(r.get("seq", 0)) == seq), None)
     if mine is None:

@@ -182,6 +182,11 @@ def test_positions():
     assert "ranks 1, 2 wait in it at train.py:31 in step." in text
 
 
+def test_spans():
+    assert analysis.spans([7, 0, 1, 2, 3, 5, 8]) == "0-3, 5, 7, 8"
+    assert analysis.spans([4]) == "4" and analysis.spans([1, 2]) == "1, 2"
+
+
 def test_first_divergence_and_missing(tmp_path):
     for rank, recs in {
         0: [_rec(1, A), _rec(2, B)],
