@@ -67,25 +67,38 @@ size_t Communicator::run(const Call& c) {
   args.residual = reinterpret_cast<float*>(c.residual);
   args.seed = c.seed;
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t ticket = trace_start(c, args.desc, executor_->seq() + 1, false);
+  // The one reading of the clock for the collective's start: its flight record, its skew stamp and its
+  // deadline (the executor's) share it, and its end is the executor's last reading. The recorder reads no
+  // clock of its own here: two readings were half of what recording cost.
+  args.start_ns = trace::now_ns();
+  trace::DeferredBegin record = trace_record(c, args.desc, executor_->seq() + 1, args.start_ns);
+  args.record = &record;
+  trace::FlightRecorder& recorder = trace::FlightRecorder::get();
   try {
-    args.stamp = skew_->enter();
+    args.stamp = skew_->enter(args.start_ns);
+    if (c.program) record.flush();  // a grouped program waits outside the executor
     if (widen || rotate || plan.result_bytes > 0)
       staged(c, args, codec);
     else
       execute(plan, args, codec, c.program.get());
   } catch (...) {
-    trace::FlightRecorder::get().end(ticket, false);
+    recorder.end(record.flush(), false, trace::now_ns());
     throw;
   }
-  trace::FlightRecorder::get().end(ticket, true);
+  // A grouped program (c.program) runs outside the executor, which then has no reading of its end.
+  if (record.flush()) recorder.end(record.ticket, true, c.program ? trace::now_ns() : executor_->last_end_ns());
   return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
 }
 
-uint64_t Communicator::trace_start(const Call& c, const Descriptor& desc, uint64_t seq, bool gpu) {
+trace::DeferredBegin Communicator::trace_record(const Call& c, const Descriptor& desc, uint64_t seq, int64_t now) {
   trace::FlightRecorder& recorder = trace::FlightRecorder::get();
-  if (recorder.start(c.ticket, seq)) return c.ticket;
-  return recorder.begin(trace_comm_, desc, c.site, seq, gpu);
+  trace::DeferredBegin record;
+  if (recorder.start(c.ticket, seq, now)) {
+    record.ticket = c.ticket;
+  } else if (recorder.on()) {
+    record = trace::DeferredBegin{trace_comm_, c.site, seq, now, desc, true, 0};
+  }
+  return record;
 }
 
 // A collective on work copies of its buffers, for any of three reasons at once: float16 / bfloat16 data
@@ -188,16 +201,20 @@ size_t Communicator::run_device(const Call& c) {
   std::lock_guard<std::mutex> lock(mu_);
   call.seq = executor_->claim_seq();
   const Descriptor desc{c.collective, c.algorithm, c.dtype, c.op, c.count, c.root, c.codec_id};
-  const uint64_t ticket = trace_start(c, desc, call.seq, true);
+  trace::FlightRecorder& recorder = trace::FlightRecorder::get();
+  const int64_t now = trace::now_ns();
+  const uint64_t ticket = recorder.start(c.ticket, call.seq, now)
+                              ? c.ticket
+                              : recorder.begin(trace_comm_, desc, c.site, call.seq, true, now);
   CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(c.timeout_s * 1e9), on_idle_);
   try {
     c.gpu->run(*c.plan, *c.program, call, &host);
   } catch (...) {
-    trace::FlightRecorder::get().end(ticket, false);
+    recorder.end(ticket, false, trace::now_ns());
     throw;
   }
   // Ended when the host has run every group: the GPU may still be finishing the last one's kernels.
-  trace::FlightRecorder::get().end(ticket, true);
+  recorder.end(ticket, true, trace::now_ns());
   return 0;
 }
 #endif

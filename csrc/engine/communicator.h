@@ -121,8 +121,9 @@ class Communicator {
   void execute(const NativePlan& plan, const RunArgs& args, const cpu::Codec* codec, const GroupedProgram* program);
   void staged(const Call& c, RunArgs& args, const cpu::Codec* codec);
   static void check_parts(const std::vector<uint64_t>& parts, size_t n, const char* what);
-  // The flight record of collective `seq`, now starting: the call's own (enqueued) one, or a new one.
-  uint64_t trace_start(const Call& c, const Descriptor& desc, uint64_t seq, bool gpu);
+  // The flight record of collective `seq`, starting at `now`: the call's own (enqueued) one, started now, or
+  // a new one, to be written (trace::DeferredBegin); none when the recorder is off.
+  trace::DeferredBegin trace_record(const Call& c, const Descriptor& desc, uint64_t seq, int64_t now);
 #if PYCOLL_WITH_CUDA
   size_t run_device(const Call& c);
 #endif

@@ -164,7 +164,7 @@ Executor::PlanRunner::PlanRunner(Executor& x, const NativePlan& plan, const RunA
       ready_(x.ready_),
       waits_(x.waits_),
       ctx_{seq_, &a.desc, -1},
-      start_(Waiter::Clock::now()),
+      start_(a.start_ns ? Waiter::Clock::time_point(std::chrono::nanoseconds(a.start_ns)) : Waiter::Clock::now()),
       waiter_(t_, x.policy_, x.spin_budget_ns_, seq_, a.desc, start_, start_ + std::chrono::nanoseconds(a.timeout_ns),
               &x.stats_) {
   const size_t n_ops = plan.ops.size();
@@ -204,12 +204,15 @@ void Executor::PlanRunner::run() {
     }
     while (first < n && done_[first]) ++first;
     if (first == n) break;
+    if (a_.record) a_.record->flush();  // this rank has sent what it could: its record is written while it waits
     waiter_.after_pass(progressed, waits_.data(), waits_.size(), ctx_);
   }
   waiter_.finish();
   if (stream_outputs_) cpu::stream_fence();
   x_.stats_.collectives.add(1);
-  x_.stats_.run_ns.add(static_cast<uint64_t>(Waiter::ns_between(start_, Waiter::Clock::now())));
+  const Waiter::Clock::time_point end = Waiter::Clock::now();
+  x_.last_end_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count();
+  x_.stats_.run_ns.add(static_cast<uint64_t>(Waiter::ns_between(start_, end)));
 }
 
 bool Executor::PlanRunner::ready(size_t i, size_t first) {

@@ -10,6 +10,7 @@
 #include "cpu/codec.h"
 #include "cpu/reduce.h"
 #include "engine/descriptor.h"
+#include "engine/flight_recorder.h"
 #include "engine/plan.h"
 #include "engine/waiter.h"
 #include "transport/transport.h"
@@ -39,6 +40,11 @@ struct RunArgs {
   float* residual = nullptr;
   uint64_t seed = 0;
   EntryStamp stamp;  // announced with the collective (engine/skew.h)
+  // When the collective began, on the steady clock in ns (trace::now_ns), read once by the caller for its
+  // flight record and stamp as well; its deadline is `timeout_ns` after. 0: the executor reads the clock.
+  int64_t start_ns = 0;
+  // The collective's flight record, written when this rank first waits (trace::DeferredBegin); may be null.
+  trace::DeferredBegin* record = nullptr;
 };
 
 class Executor {
@@ -50,6 +56,8 @@ class Executor {
   // aborted first, so the other ranks raise too.
   void run(const NativePlan& plan, const RunArgs& args);
   uint64_t seq() const { return seq_; }
+  // When the last collective run by run() ended, on the steady clock in ns (its flight record's end).
+  int64_t last_end_ns() const { return last_end_ns_; }
   // Where this rank's time in the collectives run here went (WaitStats, engine/waiter.h).
   const WaitStats& stats() const { return stats_; }
   // Whether chains run in one pass (ExecutorPolicy::fuse); switched off only to compare the two.
@@ -68,6 +76,7 @@ class Executor {
   ExecutorPolicy policy_;
   int64_t spin_budget_ns_ = 0;  // adaptive, <= policy_.spin_ns
   uint64_t seq_ = 0;
+  int64_t last_end_ns_ = 0;
   WaitStats stats_;
   // Per-run state, kept to avoid allocating on every collective.
   std::vector<uint64_t> pos_;

@@ -41,9 +41,9 @@ int64_t SkewRecorder::now_ns() const {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t).count() + config_.clock_offset_ns;
 }
 
-EntryStamp SkewRecorder::enter() {
+EntryStamp SkewRecorder::enter(int64_t steady_ns) {
   if (!enabled()) return {};
-  next_ = EntryStamp{now_ns(), last_exit_ns_};
+  next_ = EntryStamp{steady_ns + config_.clock_offset_ns, last_exit_ns_};
   return next_;
 }
 

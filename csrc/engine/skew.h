@@ -95,8 +95,9 @@ class SkewRecorder {
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
   // This rank's clock (what stamps are written in).
   int64_t now_ns() const;
-  // The stamp to announce for the collective this rank enters now (zeros when disabled).
-  EntryStamp enter();
+  // The stamp to announce for the collective this rank enters at `steady_ns` (the steady clock, in ns: the
+  // caller reads it once for the collective's flight record, deadline and stamp); zeros when disabled.
+  EntryStamp enter(int64_t steady_ns);
   // After collective `seq` (of kind `collective`) ran on this rank: files it, then processes every
   // collective whose stamps have all arrived. `report`: whether it counts in the report (the library's
   // own collectives only feed the clock estimate). Returns the number of events waiting, after the

@@ -60,11 +60,20 @@ void bind_trace(py::module_& m, py::class_<Communicator>& cls) {
       "trace_comm", &Communicator::trace_comm, &Communicator::set_trace_comm,
       "this communicator's id in the flight recorder (trace_comm_id); -1: its records name no communicator");
   m.def(
-      "trace_configure", [](size_t capacity) { FlightRecorder::get().configure(capacity); }, py::arg("capacity"),
+      "trace_configure",
+      [](size_t capacity) {
+        FlightRecorder::get().configure(capacity);
+        set_call_sites(FlightRecorder::get().on());
+      },
+      py::arg("capacity"),
       "keep the process's last `capacity` collectives (the first capacity holds); 0: record nothing");
   m.def(
-      "trace_set_on", [](bool on) { FlightRecorder::get().set_on(on); }, py::arg("on"),
-      "switch recording on or off (the overhead benchmark)");
+      "trace_set_on",
+      [](bool on) {
+        FlightRecorder::get().set_on(on);
+        set_call_sites(FlightRecorder::get().on());
+      },
+      py::arg("on"), "switch recording on or off (the overhead benchmark)");
   m.def("trace_on", [] { return FlightRecorder::get().on(); });
   m.def(
       "trace_comm_id",
@@ -79,7 +88,8 @@ void bind_trace(py::module_& m, py::class_<Communicator>& cls) {
       "trace_enqueue",
       [](Communicator& comm, const Call& call) {
         // An asynchronous collective, as its caller enqueues it (its call site is the caller's).
-        return FlightRecorder::get().begin(comm.trace_comm(), descriptor_of(call), call_site(), 0, false);
+        return FlightRecorder::get().begin(comm.trace_comm(), descriptor_of(call), call_site(), 0, false,
+                                           trace::now_ns());
       },
       py::arg("comm"), py::arg("call"));
   m.def(
@@ -88,13 +98,14 @@ void bind_trace(py::module_& m, py::class_<Communicator>& cls) {
          uint64_t seq) {
         // A GPU collective, enqueued on its stream now (collective `seq` of its communicator).
         const Descriptor d{collective, algorithm, dtype, op, count, root, codec};
-        return FlightRecorder::get().begin(comm, d, call_site(), seq, true);
+        return FlightRecorder::get().begin(comm, d, call_site(), seq, true, trace::now_ns());
       },
       py::arg("comm"), py::arg("collective"), py::arg("algorithm"), py::arg("dtype"), py::arg("op"), py::arg("count"),
       py::arg("root"), py::arg("codec"), py::arg("seq"));
   m.def(
-      "trace_end", [](uint64_t ticket, bool ok) { FlightRecorder::get().end(ticket, ok); }, py::arg("ticket"),
-      py::arg("ok"), "the collective of `ticket` completed (ok) or failed: a GPU one, as its watchdog saw it");
+      "trace_end", [](uint64_t ticket, bool ok) { FlightRecorder::get().end(ticket, ok, trace::now_ns()); },
+      py::arg("ticket"), py::arg("ok"),
+      "the collective of `ticket` completed (ok) or failed: a GPU one, as its watchdog saw it");
   m.def(
       "trace_call_site", [] { return FlightRecorder::get().site_name(call_site()); },
       "the calling thread's call site as the recorder would record it (tests)");

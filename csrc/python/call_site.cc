@@ -68,6 +68,19 @@ struct FrontSite {
 FrontInternal g_front_internal[kFront];
 FrontSite g_front_site[kFront];
 
+// In front of those, in one cache line: what the last walks met, by depth. Each collective's call finds its
+// answer here by touching this one line (the arrays above spread a walk's answers over several lines, and
+// between two collectives the interpreter pushes them out of the first-level cache). Like the arrays, it
+// holds only code objects the tables hold.
+constexpr int kLastDepth = 5;
+struct alignas(64) LastWalk {
+  PyCodeObject* internal[kLastDepth] = {};  // an internal code object met at this depth
+  PyCodeObject* site_code = nullptr;        // the last call site
+  int site_lasti = -1, site_id = -1;
+  bool on = false;  // the recorder's on(), mirrored here: call_site() reads this line only
+};
+LastWalk g_last;
+
 size_t front_slot(const void* p, int salt = 0) {
   return ((reinterpret_cast<uintptr_t>(p) >> 4) ^ static_cast<uintptr_t>(salt)) % kFront;
 }
@@ -134,20 +147,44 @@ void add_internal_paths(const std::vector<std::string>& prefixes) {
   for (auto& [code, internal] : g_code_internal) Py_DECREF(code);
   g_code_internal.clear();  // decided again against the new list
   for (FrontInternal& f : g_front_internal) f = FrontInternal{};
+  const bool on = g_last.on;
+  g_last = LastWalk{};
+  g_last.on = on;
+}
+
+void set_call_sites(bool on) {
+  g_last.on = on;
 }
 
 int call_site() {
-  if (!trace::FlightRecorder::get().on()) return -1;
+  if (!g_last.on) return -1;
 #ifdef PYCOLL_INTERPRETER_FRAMES
   int depth = 0;
   for (_PyInterpreterFrame* f = PyThreadState_Get()->cframe->current_frame; f && depth < 64; f = f->previous) {
 #if PY_VERSION_HEX >= 0x030C0000
     if (f->owner == FRAME_OWNED_BY_CSTACK) continue;  // the interpreter's own entry frames
 #endif
+    PyCodeObject* const code = f->f_code;
+    const int at = depth++;
+    if (at < kLastDepth && g_last.internal[at] == code) continue;
+    // The last call site again (a frame still being set up is before its first instruction: never a site).
+    const int lasti = _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT));
+    if (code == g_last.site_code && lasti == g_last.site_lasti) return g_last.site_id;
+    // pycoll's own frames first: the test of whether a frame is only being set up reads its code object's
+    // header, which the interpreter's hot loop does not touch.
+    if (is_internal(code)) {
+      if (at < kLastDepth && g_front_internal[front_slot(code)].code == code) g_last.internal[at] = code;
+      continue;
+    }
     if (_PyFrame_IsIncomplete(f)) continue;
-    ++depth;
-    if (!is_internal(f->f_code))
-      return site_of(f->f_code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
+    const int id = site_of(code, lasti);
+    const FrontSite& front = g_front_site[front_slot(code, lasti)];
+    if (front.code == code && front.lasti == lasti) {
+      g_last.site_code = code;
+      g_last.site_lasti = lasti;
+      g_last.site_id = id;
+    }
+    return id;
   }
   return -1;
 #else

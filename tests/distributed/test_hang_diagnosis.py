@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -92,3 +93,31 @@ def test_a_dead_rank_is_named_and_the_others_placed():
         assert res["type"] == "PeerLostError", res
         assert "rank 3 is lost (" in res["message"].split("Where the ranks are")[1], res
         assert " wait in it at test_hang_diagnosis.py:" in res["message"], res
+
+
+def body_torch(comm, rank, world, path):
+    import torch
+    import torch.distributed as dist
+
+    import pycoll.torch  # noqa: F401 - registers the backend (and torch's files as internal)
+
+    store = dist.FileStore(path, world)
+    dist.init_process_group("pycoll", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    dist.all_reduce(torch.ones(8))
+    try:
+        dist.all_reduce(torch.ones(1 if rank == 3 else 256))  # rank 3 reduces another tensor
+    except Exception as exc:  # noqa: BLE001 - what torch.distributed raises is what the user sees
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return {"type": None}
+
+
+def test_torch_backend_errors_name_the_users_call_sites(tmp_path):
+    # init_process_group("pycoll"): the call sites are the script's lines, outside torch's frames.
+    results = run_ranks(4, body_torch, str(tmp_path / "store"), timeout=90)
+    for r in range(4):
+        assert results[r]["type"] == "CollectiveMismatchError", results[r]
+    site = f"test_hang_diagnosis.py:{body_torch.__code__.co_firstlineno + 10} in body_torch"  # the try's
+    msg = results[0]["message"]
+    assert f"rank 3 called allreduce(1 x float32, sum) at {site}" in msg, msg
+    assert f"(rank 0 called allreduce(256 x float32, sum) at {site}" in msg, msg
+    assert "distributed_c10d" not in msg and "pycoll/torch" not in msg, msg
