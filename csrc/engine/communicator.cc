@@ -71,7 +71,7 @@ size_t Communicator::run(const Call& c) {
   // deadline (the executor's) share it, and its end is the executor's last reading. The recorder reads no
   // clock of its own here: two readings were half of what recording cost.
   args.start_ns = trace::now_ns();
-  trace::DeferredBegin record = trace_record(c, args.desc, executor_->seq() + 1, args.start_ns);
+  trace::DeferredBegin record = trace_record(c, args.desc, executor_->seq() + 1, args.start_ns, false);
   args.record = &record;
   trace::FlightRecorder& recorder = trace::FlightRecorder::get();
   try {
@@ -90,13 +90,14 @@ size_t Communicator::run(const Call& c) {
   return skew_->exit(*transport_, executor_->seq(), c.collective, c.skew);
 }
 
-trace::DeferredBegin Communicator::trace_record(const Call& c, const Descriptor& desc, uint64_t seq, int64_t now) {
+trace::DeferredBegin Communicator::trace_record(const Call& c, const Descriptor& desc, uint64_t seq, int64_t now,
+                                                bool gpu) {
   trace::FlightRecorder& recorder = trace::FlightRecorder::get();
   trace::DeferredBegin record;
   if (recorder.start(c.ticket, seq, now)) {
     record.ticket = c.ticket;
   } else if (recorder.on()) {
-    record = trace::DeferredBegin{trace_comm_, c.site, seq, now, desc, true, 0};
+    record = trace::DeferredBegin{trace_comm_, c.site, seq, now, desc, gpu, true, 0};
   }
   return record;
 }
@@ -202,10 +203,7 @@ size_t Communicator::run_device(const Call& c) {
   call.seq = executor_->claim_seq();
   const Descriptor desc{c.collective, c.algorithm, c.dtype, c.op, c.count, c.root, c.codec_id};
   trace::FlightRecorder& recorder = trace::FlightRecorder::get();
-  const int64_t now = trace::now_ns();
-  const uint64_t ticket = recorder.start(c.ticket, call.seq, now)
-                              ? c.ticket
-                              : recorder.begin(trace_comm_, desc, c.site, call.seq, true, now);
+  const uint64_t ticket = trace_record(c, desc, call.seq, trace::now_ns(), true).flush();
   CpuGroupBackend host(*transport_, nullptr, static_cast<int64_t>(c.timeout_s * 1e9), on_idle_);
   try {
     c.gpu->run(*c.plan, *c.program, call, &host);

@@ -122,8 +122,9 @@ class Communicator {
   void staged(const Call& c, RunArgs& args, const cpu::Codec* codec);
   static void check_parts(const std::vector<uint64_t>& parts, size_t n, const char* what);
   // The flight record of collective `seq`, starting at `now`: the call's own (enqueued) one, started now, or
-  // a new one, to be written (trace::DeferredBegin); none when the recorder is off.
-  trace::DeferredBegin trace_record(const Call& c, const Descriptor& desc, uint64_t seq, int64_t now);
+  // a new one, to be written (trace::DeferredBegin; `gpu`: a host-staged GPU collective); none when the
+  // recorder is off.
+  trace::DeferredBegin trace_record(const Call& c, const Descriptor& desc, uint64_t seq, int64_t now, bool gpu);
 #if PYCOLL_WITH_CUDA
   size_t run_device(const Call& c);
 #endif

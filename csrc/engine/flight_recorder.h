@@ -113,6 +113,7 @@ struct DeferredBegin {
   uint64_t seq = 0;
   int64_t now = 0;
   Descriptor desc{};
+  bool gpu = false;
   bool pending = false;
   uint64_t ticket = 0;  // once begun (or resumed: an enqueued record)
 
@@ -120,7 +121,7 @@ struct DeferredBegin {
   uint64_t flush() {
     if (pending) {
       pending = false;
-      ticket = FlightRecorder::get().begin(comm, desc, site, seq, false, now);
+      ticket = FlightRecorder::get().begin(comm, desc, site, seq, gpu, now);
     }
     return ticket;
   }
