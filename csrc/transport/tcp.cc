@@ -38,12 +38,19 @@ TcpTransport::~TcpTransport() {
     // them on the wire (bounded, for peers that stopped reading), or a peer still finishing that
     // collective would see the connection close before its data.
     // BYE tells the peers this is an orderly end, not a failure (they may still be finishing with others).
+    // A link still being made is finished first (bounded like the flush), and gets its BYE as it comes up
+    // (link_up, `finalizing_`): the peer may already count it as up (it gave its verdict, this end has not
+    // read it yet), and closing it unannounced would be a death to that peer. It may also carry fragments
+    // committed before it was made.
+    finalizing_ = orderly;
     for (int r = 0; r < world_ && orderly; ++r)
       if (r != rank_ && peers_[r].link == Link::kUp) queue_control(r, kBye, nullptr, 0);
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
     auto flushed = [this] {
+      for (const auto& in : incoming_)  // a rank's dial past its Hello (silent connections are not waited for)
+        if (in->stage != Incoming::kHello) return false;
       for (const Peer& p : peers_)
-        if (!p.lost && p.link == Link::kUp && !p.out.empty()) return false;
+        if (!p.lost && (p.link == Link::kUp ? !p.out.empty() : p.link != Link::kNone)) return false;
       return true;
     };
     while (orderly && io_.joinable() && !flushed() && Clock::now() < deadline) {
@@ -230,7 +237,10 @@ void TcpTransport::check_health(const WaitContext& ctx) {
                   "rank " + std::to_string(r) + " finalized its communicator while rank " + std::to_string(rank_) +
                       " waited for it in " + describe(*ctx.desc) + ": the ranks did not call the same collectives",
                   r);
-    if (p.lost && !p.finalized)
+    // A peer never linked is lost when it cannot be dialled; that fails this collective only if this rank
+    // waits for it: the link may have been wanted only for announcements (ENTER) and the peer finished
+    // and left first. A linked peer that vanishes without BYE is a failure wherever this rank waits.
+    if (p.lost && !p.finalized && (p.linked || ctx.waiting_on_peer == r))
       throw Error(ErrorKind::kPeerLost,
                   "rank " + std::to_string(r) + " was lost while rank " + std::to_string(rank_) + " depended on it (" +
                       p.lost_why +

@@ -10,9 +10,10 @@
 // descriptor a rank entered, for mismatch and timeout messages), ABORT (the error a rank failed with, so
 // that every rank raises it) and BYE (an orderly end: the peer finalized). A connection that closes or
 // fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
-// (within milliseconds). If the I/O thread itself fails (poll() returns an error), every peer is lost at
-// once and the connections are shut down, so that waiters here and on the peers raise PeerLostError
-// instead of timing out.
+// (within milliseconds). A finalizing rank first finishes the links being made and says BYE on them
+// too; a peer that could not be dialled at all fails only the ranks that wait for it. If the I/O thread
+// itself fails (poll() returns an error), every peer is lost at once and the connections are shut down,
+// so that waiters here and on the peers raise PeerLostError instead of timing out.
 //
 // Links are made when a collective first needs them (tcp_links.cc), not at set-up: the executor's first
 // send to or receive from a peer *wants* it, and the I/O thread dials every wanted peer at once (a
@@ -118,6 +119,7 @@ class TcpTransport final : public MemberTransport {
     std::chrono::steady_clock::time_point awaiting_until{};  // kAwaiting: the peer's own connection must come by then
     bool lost = false;
     bool finalized = false;  // the peer said BYE: its connection closing next is no failure
+    bool linked = false;     // a link to it was up at some time
     std::string lost_why;
     // send side: slots [sent, committed) wait for the socket; [committed, committed + free) are free
     std::vector<uint8_t> send_ring;
@@ -182,6 +184,7 @@ class TcpTransport final : public MemberTransport {
   std::condition_variable cv_;
   std::thread io_;
   bool stop_ = false;
+  bool finalizing_ = false;  // the destructor runs: a link made now is told BYE at once
   uint64_t entered_ = 0;
   bool aborted_ = false;  // an abort was raised here or received: every rank raises abort_error_
   std::unique_ptr<Error> abort_error_;

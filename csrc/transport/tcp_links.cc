@@ -66,9 +66,12 @@ void TcpTransport::link_up(int peer, UniqueFd fd) {
   tune(fd.get());
   p.fd = std::move(fd);
   p.link = Link::kUp;
+  p.linked = true;
   p.dial.reset();
   p.in_offset = 0;
   if (unwanted && !enter_.empty()) queue_control(peer, kEnter, enter_.data(), enter_.size());
+  // A link made while this rank finalizes (~TcpTransport) is told at once that the rank is leaving.
+  if (finalizing_) queue_control(peer, kBye, nullptr, 0);
   cv_.notify_all();  // link_now() waits for it
 }
 

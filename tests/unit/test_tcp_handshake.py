@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -263,3 +266,70 @@ def _open_sockets() -> set[tuple[str, str]]:
         if target.startswith("socket:"):
             out.add((fd, target))
     return out
+
+
+# Rank 1 of the test below, in a process of its own: the rank it talks to finalizes with the GIL held (a
+# destructor), as a rank's exit does. It listens on the socket it is handed, answers the dial up to the
+# dialler's proof, holds its verdict a moment (the dialler must not close meanwhile), gives it, and prints
+# the types of the frames that came before the connection closed.
+_HOLDING_PEER = """
+import hashlib, hmac, json, os, socket, struct, sys, time
+HELLO, CHALLENGE, FRAME = struct.Struct("<Qiiii16s"), struct.Struct("<Q16s32s"), struct.Struct("<II40x")
+key, fd = bytes.fromhex(sys.argv[1]), int(sys.argv[2])
+def proof(role, hello, nonce):
+    return hmac.new(key, role + hello + nonce, hashlib.sha256).digest()
+def recv_exactly(sock, n):
+    data = b""
+    while len(data) < n and (chunk := sock.recv(n - len(data))):
+        data += chunk
+    return data
+server = socket.socket(fileno=fd)
+server.settimeout(10)
+conn, _ = server.accept()
+hello = recv_exactly(conn, HELLO.size)
+nonce = os.urandom(16)
+conn.sendall(CHALLENGE.pack(0x33686374637970, nonce, proof(b"L", hello, nonce)))
+assert recv_exactly(conn, 32) == proof(b"D", hello, nonce)
+print("proven", flush=True)
+conn.settimeout(0.5)
+try:
+    early = conn.recv(1)
+except socket.timeout:
+    early = None
+conn.settimeout(10)
+conn.sendall(struct.pack("<Q", 0x6B6E696C746376))
+received = b""
+while chunk := conn.recv(65536):
+    received += chunk
+types = []
+while received:
+    kind, size = FRAME.unpack_from(received)
+    types.append(kind)
+    received = received[FRAME.size + size:]
+print(json.dumps({"early": None if early is None else early.hex(), "frames": types}), flush=True)
+"""
+
+
+def test_a_rank_that_finalizes_mid_handshake_finishes_the_link_and_says_bye():
+    """The peer that gave its verdict counts the link as up before the dialler has read it: a dialler that
+    finalizes in between must not close that connection unannounced (to the peer, a death in whatever
+    collective it is still finishing). It reads the verdict, says BYE (frame type 4) on the new link, and
+    only then closes."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        peer = subprocess.Popen(
+            [sys.executable, "-c", _HOLDING_PEER, KEY.hex(), str(server.fileno())],
+            pass_fds=[server.fileno()], stdout=subprocess.PIPE, text=True,
+        )
+        port = server.getsockname()[1]
+    try:
+        rank0 = _native(0, 2)
+        rank0.set_tcp_peers([f"127.0.0.1:{rank0.tcp_port}", f"127.0.0.1:{port}"], KEY, 20.0)
+        with pytest.raises(pycoll.PycollError, match="no link to rank 1 in time"):
+            _C.testing.tcp_link_now(rank0, 1, 0.1)  # wants rank 1: its I/O thread goes on dialling
+        assert peer.stdout.readline().strip() == "proven"
+        del rank0  # finalizes while the peer holds its verdict
+        outcome = json.loads(peer.communicate(timeout=30)[0])
+    finally:
+        peer.kill()
+    assert outcome["early"] is None, "the finalizing rank closed the connection its peer was linking"
+    assert outcome["frames"][-1:] == [4], outcome
