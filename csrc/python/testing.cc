@@ -1,16 +1,19 @@
 // pycoll._C.testing: what only the tests and the tools that check pycoll ask of the native core (the real
 // bindings are in module.cc): a compiled plan's dependencies and chains, the engine's compression rule, the CPU reduce
-// loop and HMAC-SHA256 on numpy arrays and bytes, and how many connections a TCP transport turned away.
+// loop and HMAC-SHA256 on numpy arrays and bytes, how many connections a TCP transport turned away, and a
+// flight recorder read while it is written.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
 
 #include "cpu/reduce.h"
 #include "engine/communicator.h"
+#include "engine/flight_recorder.h"
 #include "engine/op_semantics.h"
 #include "engine/plan.h"
 #include "python/bindings.h"
@@ -78,6 +81,51 @@ py::list plan_chains(const NativePlan& p) {
 
 }  // namespace
 
+// A flight recorder of `capacity` records written by one thread (begin, start, end of every collective,
+// each field a function of its ticket) and read by another (snapshot) for `seconds`: how many records the
+// reader got, and how many of them mixed two collectives' fields (the ring's seqlock lets none through).
+py::dict flight_recorder_race(double seconds, size_t capacity) {
+  trace::FlightRecorder rec;  // its own, not the process's
+  rec.configure(capacity);
+  std::atomic<bool> stop{false};
+  uint64_t writes = 0, reads = 0, torn = 0;
+  {
+    py::gil_scoped_release release;
+    std::thread writer([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        const auto next = static_cast<int64_t>(writes + 1);  // the ticket this begin gets (the only writer)
+        Descriptor d;
+        d.count = next * 3;
+        const uint64_t t = rec.begin(1, d, 2, 0, false, next * 10);
+        const auto ns = static_cast<int64_t>(t) * 10;
+        rec.start(t, t + 1000, ns + 1);
+        rec.end(t, true, ns + 2);
+        ++writes;
+      }
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (const trace::Record& r : rec.snapshot()) {
+        ++reads;
+        const auto ns = static_cast<int64_t>(r.ticket) * 10;
+        bool whole = r.comm == 1 && r.site == 2 && r.desc.count == ns / 10 * 3 && r.enqueue_ns == ns;
+        if (r.state == trace::State::kEnqueued) whole = whole && r.seq == 0 && r.start_ns == 0 && r.end_ns == 0;
+        if (r.state != trace::State::kEnqueued) whole = whole && r.seq == r.ticket + 1000 && r.start_ns == ns + 1;
+        if (r.state == trace::State::kStarted) whole = whole && r.end_ns == 0;
+        if (r.state == trace::State::kCompleted) whole = whole && r.end_ns == ns + 2;
+        torn += !whole;
+      }
+    }
+    stop.store(true);
+    writer.join();
+  }
+  py::dict out;
+  out["writes"] = writes;
+  out["reads"] = reads;
+  out["torn"] = torn;
+  return out;
+}
+
 void bind_testing(py::module_& m) {
   py::module_ t = m.def_submodule("testing", "what only the tests ask of the native core");
   t.def("plan_dependencies", &plan_dependencies, py::arg("plan"));
@@ -90,6 +138,8 @@ void bind_testing(py::module_& m) {
       },
       py::arg("dtype"), py::arg("op"), "the engine's rule of what a codec compresses (engine/op_semantics.h)");
   t.def("plan_chains", &plan_chains, py::arg("plan"));
+  t.def("flight_recorder_race", &flight_recorder_race, py::arg("seconds"), py::arg("capacity"),
+        "a recorder written by one thread and read by another: {writes, reads, torn}");
   t.def("cpu_reduce", &cpu_reduce, py::arg("dtype"), py::arg("op"), py::arg("dst"), py::arg("a"), py::arg("b"),
         py::arg("avg_divisor") = 0, py::arg("dst2") = py::none(),
         "the CPU reduce loop on numpy arrays: dst = a (+) b (also into dst2), / avg_divisor when > 0");
