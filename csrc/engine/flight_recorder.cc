@@ -51,9 +51,7 @@ void FlightRecorder::configure(size_t capacity) {
   if (capacity > 0 && !slots_) {
     size_t n = 1;
     while (n < capacity) n *= 2;  // a record's slot is its ticket & mask_: no division per record
-    slots_.reset(new Record[n]);
-    locks_.reset(new std::atomic<bool>[n]);
-    for (size_t i = 0; i < n; ++i) locks_[i].store(false, std::memory_order_relaxed);
+    slots_.reset(new Slot[n]);
     capacity_ = n;
     mask_ = n - 1;
   }
@@ -63,8 +61,9 @@ void FlightRecorder::configure(size_t capacity) {
 uint64_t FlightRecorder::begin(int comm, const Descriptor& desc, int site, uint64_t seq, bool gpu, int64_t now) {
   if (!on()) return 0;
   const uint64_t ticket = next_.fetch_add(1, std::memory_order_relaxed);
-  Record& r = slots_[ticket & mask_];
-  Held held(locks_[ticket & mask_]);
+  Slot& slot = slots_[ticket & mask_];
+  Held held(slot.lock);
+  Record& r = slot.record;
   r.ticket = ticket;
   r.comm = comm;
   r.site = site;
@@ -80,8 +79,9 @@ uint64_t FlightRecorder::begin(int comm, const Descriptor& desc, int site, uint6
 
 bool FlightRecorder::start(uint64_t ticket, uint64_t seq, int64_t now) {
   if (ticket == 0 || capacity_ == 0) return false;
-  Record& r = slots_[ticket & mask_];
-  Held held(locks_[ticket & mask_]);
+  Slot& slot = slots_[ticket & mask_];
+  Held held(slot.lock);
+  Record& r = slot.record;
   if (r.ticket != ticket) return false;
   r.seq = seq;
   r.state = State::kStarted;
@@ -91,8 +91,9 @@ bool FlightRecorder::start(uint64_t ticket, uint64_t seq, int64_t now) {
 
 void FlightRecorder::end(uint64_t ticket, bool ok, int64_t now) {
   if (ticket == 0 || capacity_ == 0) return;
-  Record& r = slots_[ticket & mask_];
-  Held held(locks_[ticket & mask_]);
+  Slot& slot = slots_[ticket & mask_];
+  Held held(slot.lock);
+  Record& r = slot.record;
   if (r.ticket != ticket) return;
   r.state = ok ? State::kCompleted : State::kFailed;
   r.end_ns = now;
@@ -107,8 +108,7 @@ void FlightRecorder::prefetch_next() const {
   const uint64_t next = next_.load(std::memory_order_relaxed);
   const char* const first = reinterpret_cast<const char*>(&slots_[next & mask_]);
   __builtin_prefetch(first, 1, 3);
-  __builtin_prefetch(first + sizeof(Record) - 1, 1, 3);
-  __builtin_prefetch(&locks_[next & mask_], 1, 3);
+  __builtin_prefetch(first + sizeof(Slot) - 1, 1, 3);
 }
 
 std::vector<Record> FlightRecorder::snapshot(size_t last) const {
@@ -119,8 +119,9 @@ std::vector<Record> FlightRecorder::snapshot(size_t last) const {
   if (last > 0) n = std::min(n, last);
   out.reserve(n);
   for (uint64_t t = next - n; t < next; ++t) {
-    Held held(locks_[t & mask_]);
-    if (slots_[t & mask_].ticket == t) out.push_back(slots_[t & mask_]);
+    const Slot& slot = slots_[t & mask_];
+    Held held(slot.lock);
+    if (slot.record.ticket == t) out.push_back(slot.record);
   }
   return out;
 }

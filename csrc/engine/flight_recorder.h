@@ -14,16 +14,16 @@
 //   writer per record at a time (the thread that runs its communicator's collectives, or the one that
 //   enqueued it); readers (a probe's thread, a dump) copy a slot under its spin lock, held for a copy of
 //   one record, so that a reader never sees half a record and a writer never waits for more than a copy.
-// - **locks**: the slots' spin locks, one byte each, in an array of their own (64 slots' locks share a cache
-//   line, which stays in the cache).
+//   A slot is its lock and its record, in two cache lines of their own.
 // - **tables**: communicators' and call sites' names, appended to (rarely) under a mutex and never
 //   removed: an id stays valid for the life of the process.
 //
 // What recording costs adds to every collective's latency, so a record touches as little as it can: its
 // instants are the communicator's own clock readings (no clock is read here); the slot a begin writes was
 // fetched into the cache when the collective before ended (prefetch_next: stores to a slot last written
-// `capacity` collectives ago waited for its lines); and a collective's begin is made when its rank first
-// waits for a peer (DeferredBegin).
+// `capacity` collectives ago waited for its lines); a collective's begin is made when its rank first
+// waits for a peer (DeferredBegin); and it touches few cache lines: the recorder's own state in one, its
+// slot (lock and record) in two.
 //
 // Off (never configured, capacity 0, or switched off), begin returns ticket 0 and every call on ticket 0 does
 // nothing. The ring is allocated once, by the first configure with a capacity: the process keeps that size.
@@ -90,15 +90,20 @@ class FlightRecorder {
   std::string site_name(int id) const;
 
  private:
+  struct alignas(64) Slot {
+    mutable std::atomic<bool> lock{false};  // taken by readers too (snapshot is const)
+    Record record;
+  };
   class Held;                  // a slot's spin lock, held for one copy
   void prefetch_next() const;  // the lines the next begin writes
 
-  mutable std::mutex names_mu_;  // also guards the ring's allocation (configure)
+  // What every collective reads, in the recorder's first cache line.
+  alignas(64) std::atomic<bool> on_{false};
   size_t capacity_ = 0, mask_ = 0;
-  std::atomic<bool> on_{false};
-  std::unique_ptr<Record[]> slots_;
-  std::unique_ptr<std::atomic<bool>[]> locks_;
+  std::unique_ptr<Slot[]> slots_;
   std::atomic<uint64_t> next_{1};
+  // The rest: names, rarely.
+  alignas(64) mutable std::mutex names_mu_;  // also guards the ring's allocation (configure)
   std::vector<std::string> comms_, sites_;
   std::unordered_map<std::string, int> site_ids_;
 };

@@ -60,20 +60,11 @@ void bind_trace(py::module_& m, py::class_<Communicator>& cls) {
       "trace_comm", &Communicator::trace_comm, &Communicator::set_trace_comm,
       "this communicator's id in the flight recorder (trace_comm_id); -1: its records name no communicator");
   m.def(
-      "trace_configure",
-      [](size_t capacity) {
-        FlightRecorder::get().configure(capacity);
-        set_call_sites(FlightRecorder::get().on());
-      },
-      py::arg("capacity"),
+      "trace_configure", [](size_t capacity) { FlightRecorder::get().configure(capacity); }, py::arg("capacity"),
       "keep the process's last `capacity` collectives (the first capacity holds); 0: record nothing");
   m.def(
-      "trace_set_on",
-      [](bool on) {
-        FlightRecorder::get().set_on(on);
-        set_call_sites(FlightRecorder::get().on());
-      },
-      py::arg("on"), "switch recording on or off (the overhead benchmark)");
+      "trace_set_on", [](bool on) { FlightRecorder::get().set_on(on); }, py::arg("on"),
+      "switch recording on or off (the overhead benchmark)");
   m.def("trace_on", [] { return FlightRecorder::get().on(); });
   m.def(
       "trace_comm_id",

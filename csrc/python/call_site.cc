@@ -70,15 +70,16 @@ FrontSite g_front_site[kFront];
 
 // In front of those, in one cache line: what the last walks met, by depth. Each collective's call finds its
 // answer here by touching this one line (the arrays above spread a walk's answers over several lines, and
-// between two collectives the interpreter pushes them out of the first-level cache). Like the arrays, it
-// holds only code objects the tables hold.
-constexpr int kLastDepth = 5;
+// between two collectives the interpreter pushes them out of the first-level cache; a rank that shares its
+// core with others finds every line cold after each switch). Six depths: pycoll.allreduce's own frames down
+// to the native call. Like the arrays, it holds only code objects the tables hold.
+constexpr int kLastDepth = 6;
 struct alignas(64) LastWalk {
   PyCodeObject* internal[kLastDepth] = {};  // an internal code object met at this depth
   PyCodeObject* site_code = nullptr;        // the last call site
   int site_lasti = -1, site_id = -1;
-  bool on = false;  // the recorder's on(), mirrored here: call_site() reads this line only
 };
+static_assert(sizeof(LastWalk) == 64, "the last walk's answers fill one cache line");
 LastWalk g_last;
 
 size_t front_slot(const void* p, int salt = 0) {
@@ -147,17 +148,11 @@ void add_internal_paths(const std::vector<std::string>& prefixes) {
   for (auto& [code, internal] : g_code_internal) Py_DECREF(code);
   g_code_internal.clear();  // decided again against the new list
   for (FrontInternal& f : g_front_internal) f = FrontInternal{};
-  const bool on = g_last.on;
   g_last = LastWalk{};
-  g_last.on = on;
-}
-
-void set_call_sites(bool on) {
-  g_last.on = on;
 }
 
 int call_site() {
-  if (!g_last.on) return -1;
+  if (!trace::FlightRecorder::get().on()) return -1;  // the line the record's begin reads next
 #ifdef PYCOLL_INTERPRETER_FRAMES
   int depth = 0;
   for (_PyInterpreterFrame* f = PyThreadState_Get()->cframe->current_frame; f && depth < 64; f = f->previous) {

@@ -11,9 +11,6 @@ namespace pycoll::python {
 // The calling thread's call site id (FlightRecorder::site_id), or -1 (recording off, no Python frame
 // outside the internal files).
 int call_site();
-// Whether call_site() looks (else it answers -1): the flight recorder's on(), set wherever that changes
-// (bind_trace.cc). A copy beside the last walk's answers, so that a call touches one cache line of this file.
-void set_call_sites(bool on);
 // Files under these directories are internal: their frames are skipped.
 void add_internal_paths(const std::vector<std::string>& prefixes);
 
