@@ -1,5 +1,5 @@
 """The flight recorder (pycoll/flight/, csrc/engine/flight_recorder.h): call sites, records, probes, the
-analysis of reports. One process; the 4-rank scenarios are tests/distributed/test_flight.py."""
+analysis of reports. One process; the 4-rank scenarios are tests/distributed/test_hang_diagnosis.py."""
 
 from __future__ import annotations
 
