@@ -38,19 +38,26 @@ TcpTransport::~TcpTransport() {
     // them on the wire (bounded, for peers that stopped reading), or a peer still finishing that
     // collective would see the connection close before its data.
     // BYE tells the peers this is an orderly end, not a failure (they may still be finishing with others).
-    // A link still being made is finished first (bounded like the flush), and gets its BYE as it comes up
-    // (link_up, `finalizing_`): the peer may already count it as up (it gave its verdict, this end has not
-    // read it yet), and closing it unannounced would be a death to that peer. It may also carry fragments
-    // committed before it was made.
+    // Two kinds of link still being made are finished first (bounded like the flush), and get their BYE as
+    // they come up (link_up, `finalizing_`): a dial whose proof the peer has, for the peer may have given its
+    // verdict and count the link as up (closing it unannounced would be a death to that peer); and a link
+    // that fragments committed before it was made wait for. Any other is dropped: the peer has not linked
+    // it, and its dial failing is no failure unless it waits for this rank (check_health).
     finalizing_ = orderly;
     for (int r = 0; r < world_ && orderly; ++r)
       if (r != rank_ && peers_[r].link == Link::kUp) queue_control(r, kBye, nullptr, 0);
     const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
     auto flushed = [this] {
-      for (const auto& in : incoming_)  // a rank's dial past its Hello (silent connections are not waited for)
-        if (in->stage != Incoming::kHello) return false;
-      for (const Peer& p : peers_)
-        if (!p.lost && (p.link == Link::kUp ? !p.out.empty() : p.link != Link::kNone)) return false;
+      for (const Peer& p : peers_) {
+        if (p.lost || p.link == Link::kNone) continue;
+        if (p.link == Link::kUp) {
+          if (!p.out.empty()) return false;
+          continue;
+        }
+        if (p.link == Link::kDialing && p.dial->stage == Dial::kVerdict) return false;
+        for (const Outgoing& o : p.out)
+          if (o.slot >= 0) return false;
+      }
       return true;
     };
     while (orderly && io_.joinable() && !flushed() && Clock::now() < deadline) {

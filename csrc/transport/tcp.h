@@ -10,8 +10,9 @@
 // descriptor a rank entered, for mismatch and timeout messages), ABORT (the error a rank failed with, so
 // that every rank raises it) and BYE (an orderly end: the peer finalized). A connection that closes or
 // fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
-// (within milliseconds). A finalizing rank first finishes the links being made and says BYE on them
-// too; a peer that could not be dialled at all fails only the ranks that wait for it. If the I/O thread
+// (within milliseconds). A finalizing rank first finishes the links being made that its peer may count
+// as up already, and says BYE on them too; a peer that could not be dialled at all fails only the ranks
+// that wait for it. If the I/O thread
 // itself fails (poll() returns an error), every peer is lost at once and the connections are shut down,
 // so that waiters here and on the peers raise PeerLostError instead of timing out.
 //
