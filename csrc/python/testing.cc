@@ -83,7 +83,7 @@ py::list plan_chains(const NativePlan& p) {
 
 // A flight recorder of `capacity` records written by one thread (begin, start, end of every collective,
 // each field a function of its ticket) and read by another (snapshot) for `seconds`: how many records the
-// reader got, and how many of them mixed two collectives' fields (the ring's seqlock lets none through).
+// reader got, and how many of them mixed two collectives' fields (the slots' locks let none through).
 py::dict flight_recorder_race(double seconds, size_t capacity) {
   trace::FlightRecorder rec;  // its own, not the process's
   rec.configure(capacity);

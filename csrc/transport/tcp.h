@@ -12,9 +12,9 @@
 // fails without BYE marks its peer lost: waiting ranks raise PeerLostError at their next health check
 // (within milliseconds). A finalizing rank first finishes the links being made that its peer may count
 // as up already, and says BYE on them too; a peer that could not be dialled at all fails only the ranks
-// that wait for it. If the I/O thread
-// itself fails (poll() returns an error), every peer is lost at once and the connections are shut down,
-// so that waiters here and on the peers raise PeerLostError instead of timing out.
+// that wait for it. If the I/O thread itself fails (poll() returns an error), every peer is lost at once
+// and the connections are shut down, so that waiters here and on the peers raise PeerLostError instead
+// of timing out.
 //
 // Links are made when a collective first needs them (tcp_links.cc), not at set-up: the executor's first
 // send to or receive from a peer *wants* it, and the I/O thread dials every wanted peer at once (a
